@@ -1,0 +1,37 @@
+"""The one door to ``emerging-optimizers``: every import of it goes through here.
+
+We build on release 0.3.0 (pinned in pyproject.toml); later releases moved and removed modules,
+so keeping the imports in one place makes an upgrade one file's work. Imports are lazy so that
+``import optimizers`` stays cheap and a missing package fails only where it is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_MISSING = (
+    "emerging-optimizers==0.3.0 is required for this optimizer; "
+    "install optzoo with its dependencies (`pip install optzoo`) or `pip install emerging-optimizers==0.3.0`"
+)
+
+
+def lion_class() -> type[torch.optim.Optimizer]:
+    """``emerging_optimizers.scalar_optimizers.Lion`` (Chen et al., 2023)."""
+    try:
+        from emerging_optimizers.scalar_optimizers.lion import Lion
+    except ImportError as error:  # pragma: no cover - a core dependency
+        raise ImportError(_MISSING) from error
+    cls: type[torch.optim.Optimizer] = Lion
+    return cls
+
+
+def newton_schulz_coefficient_types() -> tuple[str, ...]:
+    """The named coefficient sets upstream offers (``custom`` needs explicit numbers: excluded)."""
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon_utils
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    sets: dict[str, Any] = muon_utils._COEFFICIENT_SETS
+    return tuple(sets)

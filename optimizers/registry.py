@@ -1,0 +1,131 @@
+"""The optimizer registry: one frozen record per algorithm, all registered in this module.
+
+A record says how to build the algorithm over torch param groups and which
+``OptimizerConfig`` fields it reads (by name: this package never imports ``optzoo``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from optimizers import _emerging
+
+Source = Literal["torch", "emerging-optimizers", "optzoo"]
+ParamGroups = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """How to build one algorithm from resolved per-group config fields."""
+
+    name: str
+    """Registry name, the value of ``OptimizerConfig.optimizer``."""
+    description: str
+    """One line for ``optzoo list``."""
+    source: Source
+    """Where the algorithm's implementation comes from."""
+    shapes: str
+    """Which parameter shapes it takes, e.g. ``"any"`` or ``"2-D only"``."""
+    config_fields: tuple[str, ...]
+    """Config fields it reads besides ``lr`` and ``weight_decay``."""
+    instance_fields: tuple[str, ...]
+    """Fields that must agree within one optimizer instance (groups that differ get their own)."""
+    group_options: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """Maps the group's resolved config fields to torch param-group hyperparameters."""
+    build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer]
+    """Builds the optimizer from complete param groups and the instance fields."""
+
+
+_REGISTRY: dict[str, OptimizerSpec] = {}
+
+
+def register(spec: OptimizerSpec) -> OptimizerSpec:
+    """Add ``spec``; a second record with the same name is an error."""
+    if spec.name in _REGISTRY:
+        raise ValueError(
+            f"`{spec.name}`: optimizer already registered; got a second registration; "
+            f"expected a new name (registered: {registered_names()})"
+        )
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def registered_names() -> list[str]:
+    """Registered optimizer names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get_spec(name: str) -> OptimizerSpec:
+    """The record for ``name``; an unknown name lists the registered ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"`optimizer`: unknown optimizer; got {name!r}; expected one of {registered_names()}"
+        ) from None
+
+
+def _all_params(groups: ParamGroups) -> list[torch.Tensor]:
+    return [p for group in groups for p in group["params"]]
+
+
+def fused_supported(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's fused kernels take these params (same check torch makes when fused=True)."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    devices = _get_fused_kernels_supported_devices()
+    return bool(params) and all(
+        p.device.type in devices and torch.is_floating_point(p) for p in params
+    )
+
+
+def _build_adam(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    cls = torch.optim.AdamW if instance["decoupled_weight_decay"] else torch.optim.Adam
+    # The fused kernel is ~5x faster than foreach on CPU too; take it wherever torch has it.
+    if fused_supported(_all_params(groups)):
+        return cls(groups, fused=True)
+    return cls(groups, foreach=True)
+
+
+register(
+    OptimizerSpec(
+        name="adam",
+        description="Adam, or AdamW with decoupled_weight_decay (torch.optim, fused where supported)",
+        source="torch",
+        shapes="any",
+        config_fields=("adam_beta1", "adam_beta2", "adam_eps", "decoupled_weight_decay"),
+        instance_fields=("decoupled_weight_decay",),
+        group_options=lambda c: {"betas": (c["adam_beta1"], c["adam_beta2"]), "eps": c["adam_eps"]},
+        build=_build_adam,
+    )
+)
+
+register(
+    OptimizerSpec(
+        name="sgd",
+        description="SGD with momentum and L2 weight decay (torch.optim, foreach)",
+        source="torch",
+        shapes="any",
+        config_fields=("sgd_momentum",),
+        instance_fields=(),
+        group_options=lambda c: {"momentum": c["sgd_momentum"]},
+        build=lambda groups, _: torch.optim.SGD(groups, foreach=True),
+    )
+)
+
+register(
+    OptimizerSpec(
+        name="lion",
+        description="Lion: sign of interpolated momentum, decoupled weight decay (Chen et al., 2023)",
+        source="emerging-optimizers",
+        shapes="any",
+        config_fields=("lion_beta1", "lion_beta2"),
+        instance_fields=(),
+        group_options=lambda c: {"betas": (c["lion_beta1"], c["lion_beta2"])},
+        build=lambda groups, _: _emerging.lion_class()(groups, weight_decay_method="decoupled"),
+    )
+)

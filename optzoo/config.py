@@ -1,0 +1,320 @@
+"""``OptimizerConfig``: Megatron-Core's optimizer configuration, validated on construction.
+
+Every field of Megatron-Core's ``core.optimizer.optimizer_config.OptimizerConfig`` is here with
+the same default, so a Megatron config moves across unchanged. Fields that optzoo cannot honour
+(yet) are accepted only at their inert default; any other value raises a ``ValueError`` saying
+why, instead of being silently ignored (see ``docs/megatron.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+
+from optimizers.registry import registered_names
+
+MuonScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
+MuonCoefficientType = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4"]
+MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
+MuonScalarOptimizer = Literal["adam", "lion"]
+MuonMatmulPrecision = Literal["highest", "high", "medium"]
+AdaptiveMuonMoment2Method = Literal["adamuon", "normuon", "namo"]
+
+SCHEDULE_KEYS: tuple[str, ...] = ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd")
+"""Override keys read by the scheduler (Megatron's ``ParamGroupOverride``), beside config fields."""
+
+GROUP_FIELDS: tuple[str, ...] = (
+    "lr", "min_lr", "weight_decay", "optimizer",
+    "adam_beta1", "adam_beta2", "adam_eps", "decoupled_weight_decay",
+    "sgd_momentum",
+    "muon_momentum", "muon_split_qkv", "muon_nesterov", "muon_scale_mode", "muon_fp32_matmul_prec",
+    "muon_coefficient_type", "muon_num_ns_steps", "muon_tp_mode", "muon_extra_scale_factor",
+    "muon_scalar_optimizer",
+    "lion_beta1", "lion_beta2",
+    "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
+    "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
+)  # fmt: skip
+"""Config fields an override may set per parameter group; every other field is model-wide."""
+
+_FP32 = torch.float32
+
+
+def _fail(field: str, problem: str, value: Any, expected: str) -> ValueError:
+    return ValueError(f"`OptimizerConfig.{field}`: {problem}; got {value!r}; expected {expected}")
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """What to optimize with, field for field compatible with Megatron-Core.
+
+    Example:
+        >>> OptimizerConfig(lr=1e-3, optimizer="sgd").sgd_momentum
+        0.9
+        >>> OptimizerConfig(lr=1e-3, adam_beta1=1.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: `OptimizerConfig.adam_beta1`: must lie in [0, 1); got 1.5; expected 0 <= adam_beta1 < 1
+    """
+
+    # ---- General ----------------------------------------------------------------------------
+    lr: float | None = None
+    """Peak learning rate. ``None`` (Megatron's default) must be set before ``get_optimizer``."""
+    min_lr: float | None = None
+    """Floor of the learning-rate schedule; read by the scheduler only."""
+    decoupled_lr: float | None = None
+    """Separate peak lr for parameters tagged ``is_embedding_or_output_parameter`` (standard
+    overrides only; ``None`` = same lr as the rest)."""
+    decoupled_min_lr: float | None = None
+    """Schedule floor for the ``decoupled_lr`` parameters."""
+    weight_decay: float = 0.01
+    """Weight-decay coefficient; decoupled (AdamW-style) or L2, see ``decoupled_weight_decay``."""
+    apply_wd_to_qk_layernorm: bool = False
+    """Standard overrides still decay ``q_layernorm``/``k_layernorm`` parameters (Qwen3-Next)."""
+
+    # ---- Precision --------------------------------------------------------------------------
+    fp8_recipe: str | None = None
+    """FP8 recipe of Transformer Engine; unsupported here (no Transformer Engine): must be None."""
+    fp16: bool = False
+    """Train with fp16 params and fp32 main params (mixed-precision wrapper, issue #3)."""
+    bf16: bool = False
+    """Train with bf16 params and fp32 main params (mixed-precision wrapper, issue #3)."""
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    """MXFP8 parameter all-gather through Megatron's DDP grad buffer; unsupported: must be False."""
+    params_dtype: torch.dtype = torch.float32
+    """dtype the model was initialised in. Informational, as in Megatron-Core's optimizer: the
+    optimizer works with whatever dtype the parameters have."""
+    use_precision_aware_optimizer: bool = False
+    """Low-precision main params, grads and Adam state (issue #3); must be False for now."""
+    store_param_remainders: bool = True
+    """With the precision-aware optimizer, keep only the 16 low bits of fp32 main params."""
+    main_grads_dtype: torch.dtype = torch.float32
+    """dtype of main grads; non-fp32 needs ``use_precision_aware_optimizer``."""
+    main_params_dtype: torch.dtype = torch.float32
+    """dtype of main params; non-fp32 needs ``use_precision_aware_optimizer``."""
+    exp_avg_dtype: torch.dtype = torch.float32
+    """dtype of Adam's ``exp_avg``; non-fp32 needs ``use_precision_aware_optimizer``."""
+    exp_avg_sq_dtype: torch.dtype = torch.float32
+    """dtype of Adam's ``exp_avg_sq``; non-fp32 needs ``use_precision_aware_optimizer``."""
+    optimizer: str = "adam"
+    """Algorithm name from the registry (``optzoo list``); may differ per parameter group."""
+
+    # ---- Loss scaling -----------------------------------------------------------------------
+    loss_scale: float | None = None
+    """Static loss scale; ``None`` means dynamic scaling under fp16."""
+    initial_loss_scale: float = 2**32
+    """Initial dynamic loss scale (Megatron's default 2**32)."""
+    min_loss_scale: float = 1.0
+    """Floor of the dynamic loss scale."""
+    loss_scale_window: float = 1000
+    """Clean steps before the dynamic scale grows."""
+    hysteresis: int = 2
+    """Overflows tolerated (since the last growth) before the dynamic scale backs off."""
+
+    # ---- Adam -------------------------------------------------------------------------------
+    adam_beta1: float = 0.9
+    """Adam's first-moment decay."""
+    adam_beta2: float = 0.999
+    """Adam's second-moment decay."""
+    adam_eps: float = 1e-08
+    """Adam's denominator epsilon."""
+    decoupled_weight_decay: bool = True
+    """AdamW (decoupled decay) when true, Adam with L2 decay added to the gradient when false."""
+
+    # ---- SGD --------------------------------------------------------------------------------
+    sgd_momentum: float = 0.9
+    """SGD momentum factor."""
+
+    # ---- Emerging optimizers ----------------------------------------------------------------
+    muon_momentum: float = 0.95
+    """Momentum of Muon's inner SGD."""
+    muon_split_qkv: bool = True
+    """Orthogonalise fused QKV weights per Q/K/V block."""
+    muon_nesterov: bool = False
+    """Nesterov-style momentum in Muon."""
+    muon_scale_mode: str = "spectral"
+    """How Muon scales the orthogonalised update; one of :data:`MuonScaleMode`."""
+    muon_fp32_matmul_prec: str = "medium"
+    """Matmul precision inside Newton-Schulz; one of :data:`MuonMatmulPrecision`."""
+    muon_coefficient_type: str = "quintic"
+    """Newton-Schulz coefficient set; one of :data:`MuonCoefficientType`."""
+    muon_num_ns_steps: int = 5
+    """Newton-Schulz iterations."""
+    muon_tp_mode: str = "blockwise"
+    """Newton-Schulz under tensor parallelism; one of :data:`MuonTPMode`. Without tensor
+    parallelism every mode gives the same result."""
+    muon_extra_scale_factor: float = 1.0
+    """Extra multiplier on Muon's update."""
+    soap_shampoo_beta: float = 0.95
+    """Decay of SOAP's Shampoo preconditioner statistics."""
+    soap_precondition_frequency: int = 1
+    """Steps between SOAP eigenbasis refreshes."""
+    soap_use_kl_shampoo: bool = True
+    """Use the KL-Shampoo preconditioner in SOAP."""
+    adaptive_muon_moment2_method: str = "adamuon"
+    """Second-moment method of Adaptive Muon; one of :data:`AdaptiveMuonMoment2Method`."""
+    adaptive_muon_beta2: float = 0.95
+    """Second-moment decay of Adaptive Muon."""
+    adaptive_muon_eps: float = 1e-8
+    """Denominator epsilon of Adaptive Muon."""
+    muon_scalar_optimizer: str = "adam"
+    """Optimizer for the parameters Muon does not take (embeddings, biases, norms)."""
+
+    # ---- Lion -------------------------------------------------------------------------------
+    lion_beta1: float = 0.95
+    """Lion's interpolation beta for the sign update."""
+    lion_beta2: float = 0.98
+    """Lion's momentum decay."""
+
+    # ---- Distributed optimizer --------------------------------------------------------------
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (issue #5); must be False for now."""
+    use_layer_wise_distributed_optimizer: bool = False
+    """Layer-wise distributed optimizer (issue #5); must be False for now."""
+    overlap_param_gather: bool = False
+    """Overlap the parameter all-gather with forward compute; needs Megatron's DDP buffers."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """Overlap the first bucket's all-gather with the step; needs the distributed optimizer."""
+
+    # ---- Optimizer offload ------------------------------------------------------------------
+    optimizer_cpu_offload: bool = False
+    """Megatron's HybridDeviceOptimizer CPU offload; not implemented: must be False."""
+    optimizer_offload_fraction: float = 0.0
+    """Fraction of state offloaded to CPU; only with offload: must be 0.0."""
+    use_torch_optimizer_for_cpu_offload: bool = False
+    """Only with offload: must be False."""
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    """Only with offload: must be False."""
+    pin_cpu_grads: bool = True
+    """Only with offload (inert otherwise, as in Megatron-Core)."""
+    pin_cpu_params: bool = True
+    """Only with offload (inert otherwise, as in Megatron-Core)."""
+    offload_optimizer_states: bool = False
+    """Move optimizer state to CPU between steps; not implemented: must be False."""
+
+    # ---- Miscellaneous ----------------------------------------------------------------------
+    clip_grad: float = 1.0
+    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
+    log_num_zeros_in_grad: bool = False
+    """Count zero gradient elements at each step (returned by ``step``)."""
+    barrier_with_L1_time: bool = False
+    """Pass ``barrier=True`` to level-1 ``timers`` (only with ``timers``)."""
+    timers: Callable[..., Any] | None = None
+    """Megatron-style timers: ``timers(name, log_level=1)`` returns an object with
+    ``start(barrier=...)`` and ``stop()``; the step phases are timed with it."""
+    config_logger_dir: str = ""
+    """When non-empty, ``get_optimizer`` writes the resolved config there as JSON."""
+    optimizer_cuda_graph: bool = False
+    """Capture the step in a CUDA graph; not implemented: must be False."""
+
+    def __post_init__(self) -> None:
+        self._check_names()
+        self._check_ranges()
+        self._check_precision()
+        self._check_unsupported()
+
+    def _check_names(self) -> None:
+        names = registered_names()
+        if self.optimizer not in names:
+            raise _fail("optimizer", "unknown optimizer", self.optimizer, f"one of {names}")
+        for field, alias in (
+            ("muon_scale_mode", MuonScaleMode),
+            ("muon_coefficient_type", MuonCoefficientType),
+            ("muon_tp_mode", MuonTPMode),
+            ("muon_scalar_optimizer", MuonScalarOptimizer),
+            ("muon_fp32_matmul_prec", MuonMatmulPrecision),
+            ("adaptive_muon_moment2_method", AdaptiveMuonMoment2Method),
+        ):
+            value = getattr(self, field)
+            if value not in get_args(alias):
+                raise _fail(field, "unknown value", value, f"one of {list(get_args(alias))}")
+
+    def _check_ranges(self) -> None:
+        for field in (
+            "adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum", "lion_beta1",
+            "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
+        ):  # fmt: skip
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise _fail(field, "must lie in [0, 1)", value, f"0 <= {field} < 1")
+        for field in ("lr", "min_lr", "decoupled_lr", "decoupled_min_lr"):
+            value = getattr(self, field)
+            if value is not None and not value >= 0.0:
+                raise _fail(field, "must be non-negative", value, "a float >= 0 or None")
+        for field in ("weight_decay", "clip_grad", "adam_eps", "adaptive_muon_eps"):
+            value = getattr(self, field)
+            if not value >= 0.0:
+                raise _fail(field, "must be non-negative", value, "a float >= 0")
+        for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _fail(field, "must be a positive integer", value, "an int >= 1")
+        if not self.muon_extra_scale_factor > 0.0:
+            raise _fail("muon_extra_scale_factor", "must be positive", self.muon_extra_scale_factor, "a float > 0")
+        for field in ("initial_loss_scale", "min_loss_scale"):
+            if not getattr(self, field) > 0.0:
+                raise _fail(field, "must be positive", getattr(self, field), "a float > 0")
+        if self.loss_scale is not None and not self.loss_scale > 0.0:
+            raise _fail("loss_scale", "must be positive", self.loss_scale, "a float > 0 or None")
+        if not self.loss_scale_window >= 1:
+            raise _fail("loss_scale_window", "must be at least 1", self.loss_scale_window, "a number >= 1")
+
+    def _check_precision(self) -> None:
+        if self.fp16 and self.bf16:
+            raise _fail("bf16", "fp16 and bf16 are both set", True, "at most one of fp16, bf16")
+        if not self.params_dtype.is_floating_point:
+            raise _fail("params_dtype", "must be a floating dtype", self.params_dtype, "e.g. torch.float32")
+        for field in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            value = getattr(self, field)
+            if value != _FP32 and not self.use_precision_aware_optimizer:
+                raise _fail(
+                    field, "low-precision state needs use_precision_aware_optimizer=True", value,
+                    "torch.float32 (or set use_precision_aware_optimizer)",
+                )
+
+    def _check_unsupported(self) -> None:
+        """Fields optzoo cannot honour yet: only their inert value is accepted."""
+        for field, inert, why in _UNSUPPORTED:
+            value = getattr(self, field)
+            if value != inert:
+                raise _fail(field, f"not supported: {why}", value, repr(inert))
+
+    def replace(self, **changes: Any) -> OptimizerConfig:
+        """A validated copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+    def diff(self, base: OptimizerConfig) -> dict[str, Any]:
+        """The fields where this config differs from ``base`` (how an override config is read)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(base, f.name)
+        }
+
+
+_UNSUPPORTED: tuple[tuple[str, Any, str], ...] = (
+    ("fp8_recipe", None, "FP8 training needs Transformer Engine, which optzoo does not use"),
+    ("reuse_grad_buf_for_mxfp8_param_ag", False, "needs Megatron's DDP grad buffers and MXFP8"),
+    ("fp16", False, "mixed precision lands with issue #3"),
+    ("bf16", False, "mixed precision lands with issue #3"),
+    ("loss_scale", None, "loss scaling lands with mixed precision, issue #3"),
+    ("use_precision_aware_optimizer", False, "precision-aware state lands with issue #3"),
+    ("use_distributed_optimizer", False, "sharded optimizer state lands with issue #5"),
+    ("use_layer_wise_distributed_optimizer", False, "the layer-wise optimizer lands with issue #5"),
+    ("overlap_param_gather", False, "needs Megatron's DDP parameter buffers"),
+    ("overlap_param_gather_with_optimizer_step", False, "needs the distributed optimizer (issue #5)"),
+    ("optimizer_cpu_offload", False, "CPU offload (HybridDeviceOptimizer) is not implemented"),
+    ("optimizer_offload_fraction", 0.0, "CPU offload is not implemented"),
+    ("use_torch_optimizer_for_cpu_offload", False, "CPU offload is not implemented"),
+    ("overlap_cpu_optimizer_d2h_h2d", False, "CPU offload is not implemented"),
+    ("offload_optimizer_states", False, "optimizer-state offload is not implemented"),
+    ("optimizer_cuda_graph", False, "CUDA-graph capture of the step is not implemented"),
+)
+
+AdamOptimizerConfig = OptimizerConfig
+"""Megatron-Core's backward-compatible alias."""
+SGDOptimizerConfig = OptimizerConfig
+"""Megatron-Core's backward-compatible alias."""

@@ -1,0 +1,219 @@
+"""Turn routed parameter groups into resolved per-group configs and torch param groups."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from optimizers.registry import get_spec
+from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
+from routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
+
+OverrideValue = Mapping[str, Any] | OptimizerConfig
+"""An override: a dict of field names, or an ``OptimizerConfig`` meaning its differing fields."""
+
+ALLOWED_OVERRIDE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(GROUP_FIELDS + SCHEDULE_KEYS))
+
+
+def get_standard_config_overrides(config: OptimizerConfig) -> dict[ParamKey, dict[str, Any]]:
+    """The overrides used when ``config_overrides is None`` (Megatron-Core's defaults).
+
+    No weight decay on biases and 1-D parameters (``q_layernorm``/``k_layernorm`` keep it with
+    ``apply_wd_to_qk_layernorm``), and ``decoupled_lr``/``decoupled_min_lr`` on parameters
+    tagged ``is_embedding_or_output_parameter``. Merge your own keys on top of the result.
+
+    Example:
+        >>> overrides = get_standard_config_overrides(OptimizerConfig(lr=1e-3, decoupled_lr=1e-4))
+        >>> list(overrides.values())
+        [{'wd_mult': 0.0}, {'max_lr': 0.0001}]
+    """
+    return standard_overrides(
+        decoupled_lr=config.decoupled_lr,
+        decoupled_min_lr=config.decoupled_min_lr,
+        apply_wd_to_qk_layernorm=config.apply_wd_to_qk_layernorm,
+    )
+
+
+def normalize_overrides(
+    config: OptimizerConfig, config_overrides: Mapping[ParamKey, OverrideValue] | None
+) -> dict[ParamKey, dict[str, Any]]:
+    """Check override field names and turn ``OptimizerConfig`` values into dicts.
+
+    ``None`` means the standard overrides; ``{}`` means no overrides at all (Megatron-Core's
+    distinction, pinned by a test).
+    """
+    if config_overrides is None:
+        return get_standard_config_overrides(config)
+    if not isinstance(config_overrides, Mapping):
+        raise TypeError(
+            f"`config_overrides`: must be a dict of ParamKey -> override; "
+            f"got {type(config_overrides).__name__}; expected a dict, {{}} or None"
+        )
+    normalized: dict[ParamKey, dict[str, Any]] = {}
+    for index, (key, value) in enumerate(config_overrides.items()):
+        subject = f"config_overrides rule #{index} {key.describe() if isinstance(key, ParamKey) else key!r}"
+        if isinstance(value, OptimizerConfig):
+            fields = value.diff(config)
+        elif isinstance(value, Mapping):
+            fields = dict(value)
+        else:
+            raise TypeError(
+                f"`{subject}`: override must be a dict or an OptimizerConfig; "
+                f"got {type(value).__name__}; expected e.g. {{'wd_mult': 0.0}}"
+            )
+        for field in fields:
+            if field not in ALLOWED_OVERRIDE_KEYS:
+                model_wide = field in {f.name for f in dataclasses.fields(OptimizerConfig)}
+                problem = (
+                    "field is model-wide and cannot differ per group"
+                    if model_wide
+                    else "unknown override field"
+                )
+                raise ValueError(
+                    f"`{subject}`: {problem}; got {field!r}; "
+                    f"expected one of {list(ALLOWED_OVERRIDE_KEYS)}"
+                )
+        normalized[key] = fields
+    return normalized
+
+
+@dataclass(frozen=True)
+class ResolvedGroup:
+    """One parameter group with its fully resolved configuration."""
+
+    index: int
+    config: OptimizerConfig
+    """The base config with this group's override applied (validated)."""
+    override: Mapping[str, Any]
+    """The merged override, as given (config fields and schedule keys)."""
+    lr: float
+    """Effective learning rate: ``max_lr`` when overridden, else the group's ``lr``."""
+    min_lr: float | None
+    weight_decay: float
+    """Effective weight decay: the group's ``weight_decay`` times ``wd_mult``."""
+    wd_mult: float
+    start_wd: float
+    end_wd: float
+    params: tuple[RoutedParam, ...]
+    param_names: tuple[str, ...]
+    """Unique names (chunk-qualified when there are several chunks), parallel to ``params``."""
+
+    @property
+    def optimizer(self) -> str:
+        return self.config.optimizer
+
+    def torch_param_group(self) -> dict[str, Any]:
+        """The dict handed to the torch optimizer: hyperparameters plus schedule metadata."""
+        spec = get_spec(self.optimizer)
+        values = {name: getattr(self.config, name) for name in spec.config_fields}
+        return {
+            "params": [routed.param for routed in self.params],
+            "param_names": list(self.param_names),
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            **spec.group_options(values),
+            "optimizer": self.optimizer,
+            "max_lr": self.lr,
+            "min_lr": self.min_lr,
+            "wd_mult": self.wd_mult,
+            "start_wd": self.start_wd,
+            "end_wd": self.end_wd,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly description: effective hyperparameters and the full resolved config."""
+        return {
+            "index": self.index,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "min_lr": self.min_lr,
+            "weight_decay": self.weight_decay,
+            "wd_mult": self.wd_mult,
+            "override": {k: _jsonable(v) for k, v in self.override.items()},
+            "num_params": len(self.params),
+            "num_elements": sum(routed.param.numel() for routed in self.params),
+            "config": {
+                f.name: _jsonable(getattr(self.config, f.name))
+                for f in dataclasses.fields(self.config)
+            },
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return repr(value)
+
+
+def qualified_names(routed: RoutedParam, num_chunks: int) -> tuple[str, ...]:
+    """A parameter's unique names: chunk-local names, prefixed ``chunkN.`` when there are chunks."""
+    if num_chunks == 1:
+        return routed.names
+    return tuple(f"chunk{routed.chunk}.{name}" for name in routed.names)
+
+
+def resolve_groups(
+    config: OptimizerConfig,
+    model_chunks: Sequence[torch.nn.Module] | torch.nn.Module,
+    config_overrides: Mapping[ParamKey, OverrideValue] | None = None,
+    *,
+    strict: bool = False,
+) -> tuple[list[ResolvedGroup], Routing]:
+    """Route the parameters and resolve each group's config; nothing is built yet.
+
+    Raises:
+        ValueError: Conflicting overrides, an unknown or model-wide override field, an invalid
+            value for a group (the message names the group's rules), or ``lr`` unset.
+    """
+    chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
+    routing = resolve_param_groups(chunks, normalize_overrides(config, config_overrides), strict=strict)
+    resolved = []
+    for index, group in enumerate(routing.groups):
+        rules = sorted({k for routed in group.params for k in routed.matched})
+        subject = f"param group #{index} (rules {', '.join(f'#{k} {routing.keys[k].describe()}' for k in rules) or 'none'})"
+        override = dict(group.override)
+        config_fields = {k: v for k, v in override.items() if k in GROUP_FIELDS}
+        try:
+            group_config = config.replace(**config_fields)
+        except ValueError as error:
+            raise ValueError(f"{subject}: {error}") from None
+        if "lr" in override and "max_lr" in override and override["lr"] != override["max_lr"]:
+            raise ValueError(
+                f"`{subject}`: `lr` and `max_lr` disagree; got lr={override['lr']!r}, "
+                f"max_lr={override['max_lr']!r}; expected one of them, or equal values"
+            )
+        lr = override.get("max_lr", group_config.lr)
+        if lr is None:
+            raise ValueError(
+                f"`OptimizerConfig.lr`: required to build an optimizer; got None for {subject}; "
+                "expected a float >= 0 (set config.lr, or max_lr in an override)"
+            )
+        wd_mult = float(override.get("wd_mult", 1.0))
+        for name in ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd"):
+            value = override.get(name)
+            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"`{subject}`: `{name}` must be a float >= 0; got {value!r}; expected e.g. 0.0")
+        resolved.append(
+            ResolvedGroup(
+                index=index,
+                config=group_config,
+                override=override,
+                lr=float(lr),
+                min_lr=override.get("min_lr", group_config.min_lr),
+                weight_decay=group_config.weight_decay * wd_mult,
+                wd_mult=wd_mult,
+                start_wd=float(override.get("start_wd", group_config.weight_decay)),
+                end_wd=float(override.get("end_wd", group_config.weight_decay)),
+                params=group.params,
+                param_names=tuple(qualified_names(p, len(chunks))[0] for p in group.params),
+            )
+        )
+    return resolved, routing

@@ -1,0 +1,38 @@
+"""Parameter routing: which parameters get which overrides.
+
+The rules, in three sentences:
+
+1. **Order**: every trainable parameter is tested against every key; groups come out with the
+   no-override group first, then in the order their first parameter appears in the model.
+2. **Merge**: all overrides whose key matches a parameter (under any of its tied names) are
+   merged field by field, and parameters with identical merged overrides share one group.
+3. **Conflict**: two matching keys that set the same field to different values are an error
+   naming the parameter, both keys, the field and both values; a key that matches nothing is
+   a warning (an error with ``strict=True``).
+"""
+
+from routing.keys import ParamKey, ParamPredicate, ParamWithNamePredicate
+from routing.resolve import (
+    Override,
+    ParamGroupSpec,
+    RoutedParam,
+    Routing,
+    RoutingConflictError,
+    named_trainable_parameters,
+    resolve_param_groups,
+)
+from routing.standard import standard_overrides
+
+__all__ = [
+    "Override",
+    "ParamGroupSpec",
+    "ParamKey",
+    "ParamPredicate",
+    "ParamWithNamePredicate",
+    "RoutedParam",
+    "Routing",
+    "RoutingConflictError",
+    "named_trainable_parameters",
+    "resolve_param_groups",
+    "standard_overrides",
+]

@@ -1,0 +1,125 @@
+"""Parameter keys: which parameters an override applies to.
+
+Compatible with Megatron-Core's ``core.optimizer.optimizer_config`` ``ParamKey``,
+``ParamPredicate`` and ``ParamWithNamePredicate``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class ParamPredicate:
+    """A named test on a parameter, hashable so it can live inside a :class:`ParamKey`.
+
+    Equality and hashing use ``name`` only: two predicates with the same name are the same rule.
+
+    Example:
+        >>> is_1d = ParamPredicate(name="is_1d", fn=lambda p: p.ndim == 1)
+        >>> is_1d(torch.empty(3))
+        True
+        >>> is_1d == ParamPredicate(name="is_1d", fn=lambda p: False)
+        True
+    """
+
+    name: str
+    """Identity of the rule (shown in explanations and errors)."""
+    fn: Callable[[torch.Tensor], bool] = field(compare=False, hash=False, repr=False)
+    """The test; receives the parameter."""
+
+    def __call__(self, param: torch.Tensor) -> bool:
+        return bool(self.fn(param))
+
+
+@dataclass(frozen=True)
+class ParamWithNamePredicate:
+    """A named test on a parameter and its full dotted name; equal and hashed by ``name`` only.
+
+    Example:
+        >>> not_qk_norm = ParamWithNamePredicate(
+        ...     name="1d_not_qk_norm",
+        ...     fn=lambda p, n: p.ndim == 1 and "q_layernorm." not in n,
+        ... )
+        >>> not_qk_norm(torch.empty(3), "layers.0.q_layernorm.weight")
+        False
+    """
+
+    name: str
+    """Identity of the rule (shown in explanations and errors)."""
+    fn: Callable[[torch.Tensor, str], bool] = field(compare=False, hash=False, repr=False)
+    """The test; receives the parameter and its full dotted name."""
+
+    def __call__(self, param: torch.Tensor, name: str) -> bool:
+        return bool(self.fn(param, name))
+
+
+def _as_tuple[T](value: T | tuple[T, ...]) -> tuple[T, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+@dataclass(frozen=True)
+class ParamKey:
+    """Selects parameters by name glob, attribute, or predicate; any single hit is a match.
+
+    Each field takes one value or a tuple. A parameter matches when ANY entry of ANY field
+    matches (OR everywhere), as in Megatron-Core; ``ParamKey()`` matches nothing.
+
+    Example:
+        >>> key = ParamKey(name="*.bias", attr="is_embedding_or_output_parameter")
+        >>> key.matches(torch.nn.Parameter(torch.empty(3)), "decoder.layers.0.mlp.linear_fc1.bias")
+        True
+        >>> key.matches(torch.nn.Parameter(torch.empty(3, 3)), "decoder.layers.0.mlp.linear_fc1.weight")
+        False
+        >>> key.describe()
+        "name='*.bias', attr='is_embedding_or_output_parameter'"
+    """
+
+    name: str | tuple[str, ...] = ()
+    """Glob(s) on the full dotted name, by :func:`fnmatch.fnmatchcase` (``*`` crosses dots)."""
+    attr: str | tuple[str, ...] = ()
+    """Attribute(s) of the parameter; matches when ``getattr(param, attr, False)`` is truthy."""
+    predicate: ParamPredicate | tuple[ParamPredicate, ...] = ()
+    """Predicate(s) on the parameter."""
+    with_name_predicate: ParamWithNamePredicate | tuple[ParamWithNamePredicate, ...] = ()
+    """Predicate(s) on the parameter and its name."""
+
+    def __post_init__(self) -> None:
+        for field_name, expected in (
+            ("name", str),
+            ("attr", str),
+            ("predicate", ParamPredicate),
+            ("with_name_predicate", ParamWithNamePredicate),
+        ):
+            for entry in _as_tuple(getattr(self, field_name)):
+                if not isinstance(entry, expected):
+                    raise TypeError(
+                        f"`ParamKey.{field_name}`: entries must be {expected.__name__}; "
+                        f"got {entry!r} ({type(entry).__name__}); "
+                        f"expected a {expected.__name__} or a tuple of them"
+                    )
+
+    def matches(self, param: torch.Tensor, param_name: str) -> bool:
+        """Whether ``param``, known as ``param_name``, is selected by this key."""
+        return (
+            any(fnmatch.fnmatchcase(param_name, pattern) for pattern in _as_tuple(self.name))
+            or any(getattr(param, attr, False) for attr in _as_tuple(self.attr))
+            or any(pred(param) for pred in _as_tuple(self.predicate))
+            or any(pred(param, param_name) for pred in _as_tuple(self.with_name_predicate))
+        )
+
+    def describe(self) -> str:
+        """A short, stable description listing only the fields that are set."""
+        parts = []
+        for field_name in ("name", "attr", "predicate", "with_name_predicate"):
+            entries = _as_tuple(getattr(self, field_name))
+            if not entries:
+                continue
+            shown = [e if isinstance(e, str) else e.name for e in entries]
+            value = repr(shown[0]) if len(shown) == 1 else repr(tuple(shown))
+            parts.append(f"{field_name}={value}")
+        return ", ".join(parts) if parts else "<empty>"

@@ -1,0 +1,209 @@
+"""Resolve ``{ParamKey: override}`` over model chunks into parameter groups with provenance."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from routing.keys import ParamKey
+
+Override = Mapping[str, Any]
+"""What a key sets: field name -> value. routing/ never interprets the fields."""
+
+
+class RoutingConflictError(ValueError):
+    """Two keys that match one parameter set the same field to different values."""
+
+
+@dataclass(frozen=True)
+class RoutedParam:
+    """One trainable tensor and how routing saw it."""
+
+    param: torch.nn.Parameter
+    names: tuple[str, ...]
+    """Every dotted name the tensor has (more than one when it is tied); the first is its id."""
+    chunk: int
+    """Index of the model chunk it was found in first."""
+    matched: tuple[int, ...]
+    """Indices (into the ``config_overrides`` order) of the keys that matched it."""
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+@dataclass(frozen=True)
+class ParamGroupSpec:
+    """Parameters that ended up with identical merged overrides."""
+
+    override: Mapping[str, Any]
+    """The merged override (read-only); empty for the no-override group."""
+    params: tuple[RoutedParam, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The result of :func:`resolve_param_groups`."""
+
+    groups: tuple[ParamGroupSpec, ...]
+    keys: tuple[ParamKey, ...]
+    """The keys in the order they were given; ``RoutedParam.matched`` indexes this."""
+    unmatched: tuple[int, ...]
+    """Indices of keys that matched no parameter."""
+
+    def explain(self) -> list[tuple[str, int, list[str]]]:
+        """One ``(name, group index, [matched key descriptions])`` per name, in group order."""
+        rows = []
+        for index, group in enumerate(self.groups):
+            for routed in group.params:
+                described = [f"#{k} {self.keys[k].describe()}" for k in routed.matched]
+                rows.extend((name, index, described) for name in routed.names)
+        return rows
+
+
+def _freeze(value: Any) -> Hashable:
+    """A hashable stand-in for an override value, so equal overrides land in one group."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.flatten().tolist()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return value  # type: ignore[no-any-return]
+
+
+def _shorten(items: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def named_trainable_parameters(
+    model_chunks: Sequence[torch.nn.Module],
+) -> list[tuple[torch.nn.Parameter, tuple[str, ...], int]]:
+    """Every trainable tensor once, with all its names, in model order.
+
+    Names are local to their chunk (as in Megatron-Core); a tensor shared between names or
+    chunks is listed once, at its first appearance.
+    """
+    found: dict[int, tuple[torch.nn.Parameter, list[str], int]] = {}
+    for chunk_index, chunk in enumerate(model_chunks):
+        if not isinstance(chunk, torch.nn.Module):
+            raise TypeError(
+                f"`model_chunks[{chunk_index}]`: must be a torch.nn.Module; "
+                f"got {type(chunk).__name__}; expected a module or a list of modules"
+            )
+        for name, param in chunk.named_parameters(remove_duplicate=False):
+            if not param.requires_grad:
+                continue
+            entry = found.setdefault(id(param), (param, [], chunk_index))
+            if name not in entry[1]:
+                entry[1].append(name)
+    return [(param, tuple(names), chunk) for param, names, chunk in found.values()]
+
+
+def resolve_param_groups(
+    model_chunks: Sequence[torch.nn.Module] | torch.nn.Module,
+    config_overrides: Mapping[ParamKey, Override] | None,
+    *,
+    strict: bool = False,
+) -> Routing:
+    """Match every trainable parameter against every key and group identical merged overrides.
+
+    Args:
+        model_chunks: A module or a list of modules (Megatron's virtual-pipeline chunks).
+        config_overrides: ``{ParamKey: override}``; an override maps field names to values.
+            ``None`` and ``{}`` both mean "no overrides" here (the caller decides defaults).
+        strict: Raise instead of warning when a key matches no parameter.
+
+    Returns:
+        A :class:`Routing`: the groups in the documented order, plus provenance.
+
+    Raises:
+        RoutingConflictError: Two keys matching one parameter set one field differently.
+        ValueError: ``strict`` and a key matched nothing.
+        TypeError: A key is not a :class:`ParamKey` or an override is not a mapping.
+
+    Example:
+        >>> model = torch.nn.Linear(3, 2)
+        >>> routing = resolve_param_groups(model, {ParamKey(name="bias"): {"wd_mult": 0.0}})
+        >>> [(dict(g.override), g.names) for g in routing.groups]
+        [({}, ['weight']), ({'wd_mult': 0.0}, ['bias'])]
+    """
+    chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
+    items = list((config_overrides or {}).items())
+    for index, (key, override) in enumerate(items):
+        if not isinstance(key, ParamKey):
+            raise TypeError(
+                f"`config_overrides` key #{index}: must be a ParamKey; got {key!r}; "
+                "expected ParamKey(name=..., attr=..., predicate=..., with_name_predicate=...)"
+            )
+        if not isinstance(override, Mapping):
+            raise TypeError(
+                f"`config_overrides[{key.describe()}]`: must be a mapping of field -> value; "
+                f"got {type(override).__name__}; expected a dict such as {{'wd_mult': 0.0}}"
+            )
+    keys = tuple(key for key, _ in items)
+
+    hits = [0] * len(items)
+    group_index: dict[Hashable, int] = {}
+    group_members: list[tuple[dict[str, Any], list[RoutedParam]]] = []
+    for param, names, chunk in named_trainable_parameters(chunks):
+        matched = tuple(
+            index
+            for index, key in enumerate(keys)
+            if any(key.matches(param, name) for name in names)
+        )
+        merged: dict[str, Any] = {}
+        setter: dict[str, int] = {}
+        for index in matched:
+            hits[index] += 1
+            for field_name, value in items[index][1].items():
+                if field_name in merged and _freeze(merged[field_name]) != _freeze(value):
+                    first = setter[field_name]
+                    raise RoutingConflictError(
+                        f"`{names[0]}`: conflicting values for field `{field_name}` from rule "
+                        f"#{first} {keys[first].describe()} ({field_name}={merged[field_name]!r}) "
+                        f"and rule #{index} {keys[index].describe()} ({field_name}={value!r}); "
+                        "expected matching rules to agree: narrow one rule or make the values equal"
+                    )
+                merged[field_name] = value
+                setter.setdefault(field_name, index)
+        identity = _freeze(merged)
+        if identity not in group_index:
+            group_index[identity] = len(group_members)
+            group_members.append((merged, []))
+        group_members[group_index[identity]][1].append(RoutedParam(param, names, chunk, matched))
+
+    # Documented order: the no-override group first, then by first appearance in the model.
+    ordered = sorted(group_members, key=lambda member: bool(member[0]))
+    groups = tuple(
+        ParamGroupSpec(MappingProxyType(dict(override)), tuple(members))
+        for override, members in ordered
+    )
+
+    unmatched = tuple(index for index, count in enumerate(hits) if count == 0)
+    if unmatched:
+        all_names = [name for g in groups for p in g.params for name in p.names]
+        message = (
+            "config_overrides: "
+            + "; ".join(f"rule #{i} {keys[i].describe()} matched no parameter" for i in unmatched)
+            + f"; parameters are: {_shorten(all_names)}"
+        )
+        if strict:
+            raise ValueError(message + "; expected every rule to match (strict=True)")
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return Routing(groups=groups, keys=keys, unmatched=unmatched)
+
