@@ -17,14 +17,17 @@ _MISSING = (
 )
 
 
-def lion_class() -> type[torch.optim.Optimizer]:
-    """``emerging_optimizers.scalar_optimizers.Lion`` (Chen et al., 2023)."""
+def lion(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``emerging_optimizers.scalar_optimizers.Lion`` (Chen et al., 2023) over complete groups.
+
+    Weight decay is decoupled (``p *= 1 - lr * weight_decay``), upstream's default.
+    """
     try:
         from emerging_optimizers.scalar_optimizers.lion import Lion
     except ImportError as error:  # pragma: no cover - a core dependency
         raise ImportError(_MISSING) from error
-    cls: type[torch.optim.Optimizer] = Lion
-    return cls
+    optimizer: torch.optim.Optimizer = Lion(param_groups, weight_decay_method="decoupled")
+    return optimizer
 
 
 def newton_schulz_coefficient_types() -> tuple[str, ...]:

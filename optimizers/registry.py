@@ -126,6 +126,6 @@ register(
         config_fields=("lion_beta1", "lion_beta2"),
         instance_fields=(),
         group_options=lambda c: {"betas": (c["lion_beta1"], c["lion_beta2"])},
-        build=lambda groups, _: _emerging.lion_class()(groups, weight_decay_method="decoupled"),
+        build=lambda groups, _: _emerging.lion(groups),
     )
 )

@@ -75,7 +75,7 @@ def run_demo(*, steps: int = 60, batch_size: int = 16, seq_len: int = 128, seed:
     for _ in range(steps):
         loss = model.loss(batch(train))
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         _, grad_norm, _ = optimizer.step()
         losses.append(loss.item())
         norms.append(grad_norm or 0.0)

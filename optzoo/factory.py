@@ -14,7 +14,7 @@ from optimizers.registry import get_spec
 from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, ResolvedGroup, _jsonable, qualified_names, resolve_groups
 from optzoo.optimizer import ChainedOptimizer
-from routing import ParamKey, Routing
+from routing import ParamKey, Routing, named_trainable_parameters
 
 
 def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing, num_chunks: int) -> dict[str, Any]:
@@ -69,13 +69,13 @@ def get_optimizer(
         [('adam', 0.1, ['0.weight']), ('adam', 0.0, ['0.bias', '1.weight', '1.bias'])]
     """
     chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
-    groups, routing = resolve_groups(config, chunks, config_overrides, strict=strict)
-    if not groups:
+    if not named_trainable_parameters(chunks):
         raise ValueError(
             "`model_chunks`: no trainable parameters; got "
             f"{sum(1 for c in chunks for _ in c.parameters())} parameters, none with requires_grad; "
             "expected at least one trainable parameter"
         )
+    groups, routing = resolve_groups(config, chunks, config_overrides, strict=strict)
 
     torch_groups = [group.torch_param_group() for group in groups]
     # One inner optimizer per algorithm and instance-level setting, in order of first use.

@@ -55,7 +55,8 @@ def normalize_overrides(
         )
     normalized: dict[ParamKey, dict[str, Any]] = {}
     for index, (key, value) in enumerate(config_overrides.items()):
-        subject = f"config_overrides rule #{index} {key.describe() if isinstance(key, ParamKey) else key!r}"
+        described = key.describe() if isinstance(key, ParamKey) else repr(key)
+        subject = f"config_overrides rule #{index} {described}"
         if isinstance(value, OptimizerConfig):
             fields = value.diff(config)
         elif isinstance(value, Mapping):

@@ -62,7 +62,7 @@ class Routing:
 
     def explain(self) -> list[tuple[str, int, list[str]]]:
         """One ``(name, group index, [matched key descriptions])`` per name, in group order."""
-        rows = []
+        rows: list[tuple[str, int, list[str]]] = []
         for index, group in enumerate(self.groups):
             for routed in group.params:
                 described = [f"#{k} {self.keys[k].describe()}" for k in routed.matched]

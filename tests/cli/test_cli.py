@@ -1,0 +1,750 @@
+"""The ``optzoo`` command line, called through ``optzoo.cli.main(argv)``.
+
+Each test passes an argv list, then checks the returned exit status and what was printed.
+Bad input must give exactly one ``optzoo: error: ...`` line on stderr and status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from optzoo.cli import main
+from optzoo.models import GPT, GPTConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``main(argv)`` -> (status, stdout, stderr)."""
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    status, out, err = run(capsys, *argv)
+    assert status == 0, err
+    assert err == ""
+    return out
+
+
+def dump_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    """``dump-param-groups ... --format json`` parsed; stderr must be empty."""
+    document: dict[str, Any] = json.loads(run_ok(capsys, "dump-param-groups", *argv, "--format", "json"))
+    return document
+
+
+def assert_one_error_line(err: str) -> str:
+    """The whole of stderr is one ``optzoo: error:`` line with no traceback; returns it."""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("optzoo: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """A bad invocation handled by ``main``: status 2, nothing on stdout, one stderr line."""
+    status, out, err = run(capsys, *argv)
+    assert status == 2, (out, err)
+    assert out == ""
+    return assert_one_error_line(err)
+
+
+def run_usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """A bad invocation caught by argparse: SystemExit(2) and one stderr line."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    return assert_one_error_line(err)
+
+
+def group_of(document: dict[str, Any]) -> dict[str, int]:
+    mapping: dict[str, int] = document["param_to_group"]
+    return mapping
+
+
+def builtin_gpt_names() -> list[tuple[str, int]]:
+    """(name, ndim) of every parameter of the built-in ``gpt`` model, in model order."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig())
+    return [(name, p.ndim) for name, p in model.named_parameters()]
+
+
+_module_counter = itertools.count()
+
+
+@pytest.fixture
+def write_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Callable[[str], str]:
+    """Write ``source`` as a fresh module under ``tmp_path`` (on sys.path); returns its name.
+
+    Each call gets a new module name, so no test sees another test's cached module.
+    """
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(source: str) -> str:
+        name = f"optzoo_cli_test_models_{os.getpid()}_{next(_module_counter)}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        request.addfinalizer(lambda: sys.modules.pop(name, None))
+        return name
+
+    return write
+
+
+def write_file(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+# ---- list ----------------------------------------------------------------------------------
+
+
+def test_list_table_shows_each_optimizer_with_source_and_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "list")
+    for header in ("name", "source", "shapes", "config fields (defaults)", "description"):
+        assert header in out
+    rows = {
+        "adam": ("torch", ["adam_beta1=0.9", "adam_beta2=0.999", "adam_eps=1e-08", "decoupled_weight_decay=True"]),
+        "sgd": ("torch", ["sgd_momentum=0.9"]),
+        "lion": ("emerging-optimizers", ["lion_beta1=0.95", "lion_beta2=0.98"]),
+    }
+    for name, (source, fields) in rows.items():
+        assert re.search(rf"^\W*{name}\s+\W\s+{re.escape(source)}\s", out, re.MULTILINE), out
+        for field in ("lr=None", "weight_decay=0.01", *fields):
+            assert field in out
+    # The registry's order: adam, then sgd, then lion.
+    assert out.index(" adam ") < out.index(" sgd ") < out.index(" lion ")
+
+
+def test_list_json_has_every_optimizer_with_field_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = json.loads(run_ok(capsys, "list", "--format", "json"))
+    by_name = {row["name"]: row for row in rows}
+    assert list(by_name) == ["adam", "sgd", "lion"]
+    assert by_name["lion"]["source"] == "emerging-optimizers"
+    assert by_name["lion"]["fields"] == {"lr": None, "weight_decay": 0.01, "lion_beta1": 0.95, "lion_beta2": 0.98}
+    assert by_name["adam"]["source"] == "torch"
+    assert by_name["adam"]["fields"] == {
+        "lr": None, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08,
+        "decoupled_weight_decay": True,
+    }  # fmt: skip
+    assert by_name["sgd"]["fields"] == {"lr": None, "weight_decay": 0.01, "sgd_momentum": 0.9}
+    for row in rows:
+        assert set(row) == {"name", "source", "shapes", "fields", "description"}
+        assert row["shapes"] == "any"
+        assert row["description"]
+
+
+# ---- dump-param-groups: the default config -------------------------------------------------
+
+
+def test_dump_default_config_puts_matrices_in_group_0_and_biases_norms_in_a_wd0_group(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    document = dump_json(capsys, "--model", "gpt")
+    assert "matched_rules" not in document  # only with --explain
+    mapping = group_of(document)
+    names = builtin_gpt_names()
+    assert list(mapping) == [n for n, nd in names if nd >= 2] + [n for n, nd in names if nd < 2]
+    assert {n for n, g in mapping.items() if g == 0} == {n for n, nd in names if nd >= 2}
+    assert {n for n, g in mapping.items() if g == 1} == {n for n, nd in names if nd < 2}
+    # By name, the routing a reader expects from the standard overrides:
+    for matrix in ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+                   "decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.1.mlp.linear_fc2.weight",
+                   "output_layer.weight"):  # fmt: skip
+        assert mapping[matrix] == 0
+    for vector in ("decoder.layers.0.self_attention.linear_qkv.bias", "decoder.layers.0.input_layernorm.weight",
+                   "decoder.layers.1.pre_mlp_layernorm.bias", "decoder.final_layernorm.weight"):  # fmt: skip
+        assert mapping[vector] == 1
+
+    group0, group1 = document["groups"]
+    assert group0 == {
+        "index": 0, "optimizer": "adam", "lr": 1e-3, "min_lr": None, "weight_decay": 0.01, "wd_mult": 1.0,
+        "override": {}, "num_params": 11, "num_elements": 475136,
+    }  # fmt: skip
+    assert group1 == {
+        "index": 1, "optimizer": "adam", "lr": 1e-3, "min_lr": None, "weight_decay": 0.0, "wd_mult": 0.0,
+        "override": {"wd_mult": 0.0}, "num_params": 18, "num_elements": 3584,
+    }  # fmt: skip
+
+
+def test_dump_table_has_one_row_per_group(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt")
+    lines = out.splitlines()
+    assert lines[0].split() == ["group", "optimizer", "lr", "weight_decay", "other", "overrides", "params", "elements"]
+    assert lines[2].split() == ["0", "adam", "0.001", "0.01", "-", "11", "475136"]
+    assert lines[3].split() == ["1", "adam", "0.001", "0", "-", "18", "3584"]
+    assert len(lines) == 4  # no per-parameter rows without --explain
+
+
+def test_explain_adds_one_row_per_parameter_with_matched_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--explain")
+    groups_table, explain_table = out.split("\n\n")
+    assert len(groups_table.splitlines()) == 4
+    header, rule, *rows = explain_table.splitlines()
+    assert header.split() == ["parameter", "group", "shape", "matched", "rules"]
+    names = builtin_gpt_names()
+    assert len(rows) == len(names)
+    cells = {row.split()[0]: row.split(maxsplit=3)[1:] for row in rows}
+    assert set(cells) == {n for n, _ in names}
+    assert cells["decoder.layers.0.self_attention.linear_qkv.weight"] == ["0", "384x128", "-"]
+    assert cells["decoder.final_layernorm.bias"] == ["1", "128", "#0 name='*.bias', predicate='is_1d'"]
+
+
+def test_explain_json_has_matched_rules_per_name(capsys: pytest.CaptureFixture[str]) -> None:
+    document = dump_json(capsys, "--model", "gpt", "--explain")
+    rules = document["matched_rules"]
+    assert set(rules) == set(document["param_to_group"])
+    assert rules["output_layer.weight"] == []
+    assert rules["decoder.layers.1.mlp.linear_fc1.bias"] == ["#0 name='*.bias', predicate='is_1d'"]
+
+
+def test_tied_model_lists_both_names_of_the_tied_tensor(capsys: pytest.CaptureFixture[str]) -> None:
+    document = dump_json(capsys, "--model", "gpt-tied", "--explain")
+    mapping = group_of(document)
+    assert mapping["embedding.word_embeddings.weight"] == mapping["output_layer.weight"] == 0
+    # The tensor is counted once: 10 matrices instead of the untied model's 11.
+    assert document["groups"][0]["num_params"] == 10
+    assert len(mapping) == 30  # but both of its names are listed
+
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt-tied", "--explain")
+    explain = out.split("\n\n")[1]
+    rows = {line.split()[0]: line.split()[1:3] for line in explain.splitlines()[2:]}
+    assert rows["embedding.word_embeddings.weight"] == ["0", "256x128"]
+    assert rows["output_layer.weight"] == ["0", "256x128"]
+
+
+def test_qk_norm_model_keeps_qk_layernorms_out_of_decay_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    mapping = group_of(dump_json(capsys, "--model", "gpt-qk-norm"))
+    assert mapping["decoder.layers.0.self_attention.q_layernorm.weight"] == 1
+    assert mapping["decoder.layers.0.self_attention.k_layernorm.bias"] == 1
+
+
+# ---- --config: TOML ------------------------------------------------------------------------
+
+
+def test_toml_config_with_name_globs_attr_and_a_lion_group(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_file(tmp_path, "opt.toml", """
+        [config]
+        lr = 3e-4
+        weight_decay = 0.1
+        adam_beta2 = 0.95
+        params_dtype = "bfloat16"
+
+        [[overrides]]
+        name = ["*.bias", "*layernorm*"]
+        set = { wd_mult = 0.0 }
+
+        [[overrides]]
+        attr = "is_embedding_or_output_parameter"
+        set = { max_lr = 1e-4 }
+
+        [[overrides]]
+        name = "decoder.layers.*.mlp.linear_fc*.weight"
+        set = { optimizer = "lion", lr = 3e-5, lion_beta1 = 0.9 }
+    """)
+    document = dump_json(capsys, "--model", "gpt", "--config", config, "--explain")
+    mapping = group_of(document)
+    groups = document["groups"]
+    assert [(g["optimizer"], g["lr"], g["weight_decay"]) for g in groups] == [
+        ("adam", 3e-4, 0.1),
+        ("adam", 1e-4, 0.1),
+        ("adam", 3e-4, 0.0),
+        ("lion", 3e-5, 0.1),
+    ]
+    assert groups[1]["override"] == {"max_lr": 1e-4}
+    assert groups[3]["override"] == {"optimizer": "lion", "lr": 3e-5, "lion_beta1": 0.9}
+    assert {n for n, g in mapping.items() if g == 0} == {
+        f"decoder.layers.{i}.self_attention.{w}.weight" for i in (0, 1) for w in ("linear_qkv", "linear_proj")
+    } | {"embedding.position_embeddings.weight"}
+    assert {n for n, g in mapping.items() if g == 1} == {"embedding.word_embeddings.weight", "output_layer.weight"}
+    assert {n for n, g in mapping.items() if g == 3} == {
+        f"decoder.layers.{i}.mlp.linear_fc{j}.weight" for i in (0, 1) for j in (1, 2)
+    }
+    assert mapping["decoder.layers.0.input_layernorm.weight"] == 2
+    assert mapping["decoder.layers.1.mlp.linear_fc2.bias"] == 2
+    assert document["matched_rules"]["decoder.layers.0.mlp.linear_fc1.weight"] == [
+        "#2 name='decoder.layers.*.mlp.linear_fc*.weight'"
+    ]
+    assert document["matched_rules"]["decoder.final_layernorm.bias"] == ["#0 name=('*.bias', '*layernorm*')"]
+
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    lion_row = out.splitlines()[5].split()
+    assert lion_row == ["3", "lion", "3e-05", "0.1", "lion_beta1=0.9", "4", "262144"]
+
+
+def test_toml_without_overrides_means_standard_overrides(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_file(tmp_path, "std.toml", """
+        [config]
+        lr = 2e-3
+        decoupled_lr = 5e-4
+    """)
+    document = dump_json(capsys, "--model", "gpt", "--config", config)
+    mapping = group_of(document)
+    assert [g["override"] for g in document["groups"]] == [{}, {"max_lr": 5e-4}, {"wd_mult": 0.0}]
+    assert [g["lr"] for g in document["groups"]] == [2e-3, 5e-4, 2e-3]
+    assert mapping["embedding.word_embeddings.weight"] == mapping["output_layer.weight"] == 1
+    assert mapping["decoder.final_layernorm.bias"] == 2
+
+
+def test_toml_empty_overrides_means_no_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "none.toml", """
+        overrides = []
+
+        [config]
+        lr = 2e-3
+        decoupled_lr = 5e-4
+    """)
+    document = dump_json(capsys, "--model", "gpt", "--config", config)
+    assert len(document["groups"]) == 1
+    assert document["groups"][0]["override"] == {}
+    assert document["groups"][0]["weight_decay"] == 0.01
+    assert set(group_of(document).values()) == {0}
+    assert len(group_of(document)) == 29
+
+
+def test_toml_dtype_fields_are_strings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "dtype.toml", """
+        [config]
+        lr = 1e-3
+        params_dtype = "bfloat16"
+    """)
+    assert len(dump_json(capsys, "--model", "gpt", "--config", config)["groups"]) == 2
+
+
+# ---- --config: Python ----------------------------------------------------------------------
+
+
+def test_python_config_file_with_config_and_config_overrides(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_file(tmp_path, "opt.py", """
+        from optzoo import OptimizerConfig, ParamKey, ParamPredicate, get_standard_config_overrides
+
+        config = OptimizerConfig(lr=1e-3, weight_decay=0.05)
+        config_overrides = dict(get_standard_config_overrides(config))
+        # An OptimizerConfig as an override means "its fields that differ from config".
+        config_overrides[ParamKey(name="output_layer.weight")] = config.replace(optimizer="sgd", sgd_momentum=0.5)
+        config_overrides[ParamKey(predicate=ParamPredicate(name="wide", fn=lambda p: p.shape[0] == 512))] = {
+            "lr": 5e-4,
+        }
+    """)
+    document = dump_json(capsys, "--model", "gpt", "--config", config)
+    mapping = group_of(document)
+    summary = [(g["optimizer"], g["lr"], g["weight_decay"], g["override"]) for g in document["groups"]]
+    assert summary == [
+        ("adam", 1e-3, 0.05, {}),
+        ("adam", 1e-3, 0.0, {"wd_mult": 0.0}),
+        ("adam", 5e-4, 0.05, {"lr": 5e-4}),
+        ("adam", 5e-4, 0.0, {"wd_mult": 0.0, "lr": 5e-4}),
+        ("sgd", 1e-3, 0.05, {"optimizer": "sgd", "sgd_momentum": 0.5}),
+    ]
+    assert mapping["decoder.layers.0.input_layernorm.weight"] == 1
+    assert mapping["decoder.layers.0.mlp.linear_fc1.weight"] == 2
+    assert mapping["decoder.layers.0.mlp.linear_fc1.bias"] == 3
+    assert mapping["output_layer.weight"] == 4
+
+
+def test_python_config_without_overrides_means_standard_and_empty_dict_means_none(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    standard = write_file(tmp_path, "standard.py", """
+        from optzoo import OptimizerConfig
+        config = OptimizerConfig(lr=1e-3)
+    """)
+    none = write_file(tmp_path, "none.py", """
+        from optzoo import OptimizerConfig
+        config = OptimizerConfig(lr=1e-3)
+        config_overrides = {}
+    """)
+    explicit_none = write_file(tmp_path, "explicit_none.py", """
+        from optzoo import OptimizerConfig
+        config = OptimizerConfig(lr=1e-3)
+        config_overrides = None
+    """)
+    assert [g["override"] for g in dump_json(capsys, "--model", "gpt", "--config", standard)["groups"]] == [
+        {}, {"wd_mult": 0.0},
+    ]  # fmt: skip
+    assert [g["override"] for g in dump_json(capsys, "--model", "gpt", "--config", explicit_none)["groups"]] == [
+        {}, {"wd_mult": 0.0},
+    ]  # fmt: skip
+    assert [g["override"] for g in dump_json(capsys, "--model", "gpt", "--config", none)["groups"]] == [{}]
+
+
+# ---- --model package.module:callable -------------------------------------------------------
+
+
+def test_model_from_module_callable(capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]) -> None:
+    module = write_module("""
+        from torch import nn
+
+        def build():
+            return nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2, bias=False))
+    """)
+    document = dump_json(capsys, "--model", f"{module}:build")
+    assert group_of(document) == {"0.weight": 0, "2.weight": 0, "0.bias": 1, "1.weight": 1, "1.bias": 1}
+
+
+def test_model_callable_returning_chunks_gets_chunk_qualified_names(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    module = write_module("""
+        from torch import nn
+
+        def build():
+            return [nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2))]
+    """)
+    document = dump_json(capsys, "--model", f"{module}:build", "--explain")
+    assert group_of(document) == {
+        "chunk0.0.weight": 0, "chunk1.1.weight": 0,
+        "chunk0.0.bias": 1, "chunk1.0.weight": 1, "chunk1.0.bias": 1, "chunk1.1.bias": 1,
+    }  # fmt: skip
+    out = run_ok(capsys, "dump-param-groups", "--model", f"{module}:build", "--explain")
+    explain_names = [line.split()[0] for line in out.split("\n\n")[1].splitlines()[2:]]
+    assert explain_names == ["chunk0.0.weight", "chunk1.1.weight", "chunk0.0.bias", "chunk1.0.weight",
+                             "chunk1.0.bias", "chunk1.1.bias"]  # fmt: skip
+
+
+def test_name_globs_match_chunk_local_names(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, write_module: Callable[[str], str]
+) -> None:
+    module = write_module("""
+        from torch import nn
+
+        def build():
+            return [nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False)]
+    """)
+    config = write_file(tmp_path, "local.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        name = "weight"
+        set = { lr = 1e-2 }
+    """)
+    document = dump_json(capsys, "--model", f"{module}:build", "--config", config)
+    assert group_of(document) == {"chunk0.weight": 0, "chunk1.weight": 0}
+    assert document["groups"][0]["lr"] == 1e-2
+
+
+def test_tensor_tied_across_chunks_is_listed_under_each_chunks_name(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    """Megatron's first and last pipeline chunks share the word embedding with the output layer.
+
+    The tied tensor has the name ``embedding.weight`` in chunk 0 and ``head.weight`` in chunk 1,
+    so its chunk-qualified names are ``chunk0.embedding.weight`` and ``chunk1.head.weight``.
+    """
+    module = write_module("""
+        from torch import nn
+
+        class First(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embedding = nn.Embedding(8, 4)
+
+        class Last(nn.Module):
+            def __init__(self, weight):
+                super().__init__()
+                self.head = nn.Linear(4, 8, bias=False)
+                self.head.weight = weight
+
+        def build():
+            first = First()
+            return [first, Last(first.embedding.weight)]
+    """)
+    status, out, err = run(capsys, "dump-param-groups", "--model", f"{module}:build", "--format", "json")
+    assert status == 0, err
+    assert set(json.loads(out)["param_to_group"]) == {"chunk0.embedding.weight", "chunk1.head.weight"}
+
+
+def test_tensor_tied_across_chunks_under_the_same_local_name_keeps_both_names(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    module = write_module("""
+        from torch import nn
+
+        def build():
+            first, last = nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False)
+            last.weight = first.weight
+            return [first, last]
+    """)
+    status, out, err = run(capsys, "dump-param-groups", "--model", f"{module}:build", "--format", "json")
+    assert status == 0, err
+    assert set(json.loads(out)["param_to_group"]) == {"chunk0.weight", "chunk1.weight"}
+
+
+# ---- warnings ------------------------------------------------------------------------------
+
+
+def test_rule_matching_nothing_warns_on_stderr_and_succeeds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_file(tmp_path, "unmatched.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        name = "encoder.*"
+        set = { lr = 1e-2 }
+    """)
+    status, out, err = run(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--format", "json")
+    assert status == 0
+    assert json.loads(out)["groups"][0]["override"] == {}  # stdout stays valid JSON
+    lines = err.splitlines()
+    assert len(lines) == 1
+    assert re.match(r"optzoo: warning: config_overrides: rule #0 name='encoder\.\*' matched no parameter; "
+                    r"parameters are: embedding\.word_embeddings\.weight, .*\(\+19 more\)$", lines[0])  # fmt: skip
+
+
+# ---- bad input: one line, status 2 ---------------------------------------------------------
+
+
+def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "gtp")
+    assert re.fullmatch(
+        r"optzoo: error: `--model`: unknown model; got 'gtp'; expected one of \['gpt', .*\] "
+        r"or package\.module:callable",
+        line,
+    )
+
+
+def test_model_module_that_cannot_be_imported(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "nonexistent_mod:fn")
+    assert re.fullmatch(r"optzoo: error: `--model`: cannot import; got No module named 'nonexistent_mod'", line)
+
+
+def test_model_module_without_the_attribute(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    module = write_module("def build():\n    raise AssertionError('never called')\n")
+    line = run_error(capsys, "dump-param-groups", "--model", f"{module}:missing")
+    assert re.fullmatch(
+        rf"optzoo: error: `--model`: module '{module}' has no attribute 'missing'; got '{module}:missing'; "
+        r"expected package\.module:callable",
+        line,
+    )
+
+
+def test_model_malformed_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", ":build")
+    assert re.fullmatch(r"optzoo: error: `--model`: malformed spec; got ':build'; expected package\.module:callable",
+                        line)  # fmt: skip
+
+
+def test_model_callable_returning_something_else(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    module = write_module("def build():\n    return 42\n")
+    line = run_error(capsys, "dump-param-groups", "--model", f"{module}:build")
+    assert re.fullmatch(
+        rf"optzoo: error: `--model`: '{module}:build' returned int; expected a torch\.nn\.Module or a list of modules",
+        line,
+    )
+
+
+def test_missing_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", missing)
+    assert line == f"optzoo: error: `--config`: no such file; got {missing!r}; expected a .toml or .py file"
+
+
+def test_invalid_toml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "bad.toml", "[config]\nlr = = 1\n")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.fullmatch(rf"optzoo: error: `{re.escape(config)}`: invalid TOML; got .*\(at line 2, column \d+\); "
+                        r"expected a TOML document", line)  # fmt: skip
+
+
+def test_unknown_config_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "field.toml", "[config]\nlr = 1e-3\nlearning_rate = 1e-3\n")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.fullmatch(r"optzoo: error: `config\.learning_rate`: unknown OptimizerConfig field; "
+                        r"got 'learning_rate'; expected one of \['lr', 'min_lr', .*\]", line)  # fmt: skip
+
+
+def test_unknown_top_level_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "top.toml", "[optimizer]\nlr = 1e-3\n")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.fullmatch(rf"optzoo: error: `{re.escape(config)}`: unknown top-level key; got 'optimizer'; "
+                        r"expected 'config' and 'overrides'", line)  # fmt: skip
+
+
+def test_unknown_override_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "override.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        name = "*.bias"
+        set = { weight_decay_mult = 0.0 }
+    """)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.fullmatch(r"optzoo: error: `config_overrides rule #0 \"name='\*\.bias'\"`: unknown override field; "
+                        r"got 'weight_decay_mult'; expected one of \['lr', .*'wd_mult', .*\]", line)  # fmt: skip
+
+
+def test_model_wide_field_in_an_override(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "model_wide.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        name = "*.bias"
+        set = { clip_grad = 0.5 }
+    """)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.match(r"optzoo: error: .*: field is model-wide and cannot differ per group; got 'clip_grad'", line)
+
+
+def test_unknown_key_in_an_overrides_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "table.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        names = "*.bias"
+        set = { wd_mult = 0.0 }
+    """)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert line == ("optzoo: error: `overrides[0].names`: unknown key; got 'names'; "
+                    "expected one of ['name', 'attr', 'set']")  # fmt: skip
+
+
+def test_conflicting_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "conflict.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        name = "*.bias"
+        set = { lr = 1e-4 }
+        [[overrides]]
+        name = "*.linear_qkv.*"
+        set = { lr = 2e-4 }
+    """)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert line == (
+        "optzoo: error: `decoder.layers.0.self_attention.linear_qkv.bias`: conflicting values for field `lr` "
+        "from rule #0 name='*.bias' (lr=0.0001) and rule #1 name='*.linear_qkv.*' (lr=0.0002); "
+        "expected matching rules to agree: narrow one rule or make the values equal"
+    )
+
+
+def test_strict_with_a_rule_that_matches_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "strict.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        name = "*.bias"
+        set = { wd_mult = 0.0 }
+        [[overrides]]
+        name = "encoder.*"
+        set = { lr = 1e-2 }
+    """)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--strict")
+    assert re.fullmatch(r"optzoo: error: config_overrides: rule #1 name='encoder\.\*' matched no parameter; "
+                        r"parameters are: .*; expected every rule to match \(strict=True\)", line)  # fmt: skip
+
+
+def test_unsupported_config_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "bf16.toml", "[config]\nlr = 1e-3\nbf16 = true\n")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert line == ("optzoo: error: `OptimizerConfig.bf16`: not supported: mixed precision lands with issue #3; "
+                    "got True; expected False")  # fmt: skip
+
+
+def test_config_without_lr(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "no_lr.toml", "[config]\nweight_decay = 0.1\n")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.match(r"optzoo: error: `OptimizerConfig\.lr`: required to build an optimizer; got None", line)
+
+
+def test_config_value_of_the_wrong_type_names_the_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A quoted number in TOML is a string; the message must say which field is wrong (STYLE 14)."""
+    config = write_file(tmp_path, "typed.toml", '[config]\nlr = "3e-4"\n')
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert re.match(r"optzoo: error: `(OptimizerConfig|config)\.lr`: .*; got '3e-4'", line), line
+
+
+def test_python_config_file_without_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "empty.py", "lr = 1e-3\n")
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert line == (f"optzoo: error: `{config}`: must define `config` as an OptimizerConfig; got NoneType; "
+                    "expected config = OptimizerConfig(...)")  # fmt: skip
+
+
+# ---- argparse errors: SystemExit(2) --------------------------------------------------------
+
+
+def test_unknown_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_usage_error(capsys, "dump-groups")
+    assert re.fullmatch(r"optzoo: error: argument command: invalid choice: 'dump-groups' \(choose from .*\) "
+                        r"\(see `optzoo --help`\)", line)  # fmt: skip
+
+
+def test_no_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_usage_error(capsys)
+    assert line == "optzoo: error: the following arguments are required: command (see `optzoo --help`)"
+
+
+def test_missing_model(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_usage_error(capsys, "dump-param-groups", "--explain")
+    assert line == ("optzoo: error: the following arguments are required: --model "
+                    "(see `optzoo dump-param-groups --help`)")  # fmt: skip
+
+
+def test_bad_format_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_usage_error(capsys, "list", "--format", "yaml")
+    assert re.fullmatch(r"optzoo: error: argument --format: invalid choice: 'yaml' .*", line)
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["dump-param-groups", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--model", "--config", "--explain", "--format", "--strict"):
+        assert flag in out
+
+
+# ---- the real entry points -----------------------------------------------------------------
+
+
+def test_console_script_points_at_main() -> None:
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    assert scripts["optzoo"] == "optzoo.cli:main"
+
+
+def test_python_dash_m_runs_the_cli_and_returns_its_status(tmp_path: Path) -> None:
+    """``python -m optzoo.cli`` goes through ``if __name__ == "__main__"`` and ``sys.exit(main())``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    ok = subprocess.run([sys.executable, "-m", "optzoo.cli", "list", "--format", "json"],
+                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert [row["name"] for row in json.loads(ok.stdout)] == ["adam", "sgd", "lion"]
+
+    bad = subprocess.run([sys.executable, "-m", "optzoo.cli", "dump-param-groups", "--model", "gtp"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stdout == ""
+    assert [line for line in bad.stderr.splitlines() if line.startswith("optzoo:")] == bad.stderr.splitlines()[-1:]
+    assert bad.stderr.splitlines()[-1].startswith("optzoo: error: `--model`: unknown model; got 'gtp'")

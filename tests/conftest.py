@@ -1,0 +1,83 @@
+"""Shared fixtures: a fixed seed and tiny models with realistic (Megatron-style) names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from optzoo.models import GPT, GPTConfig
+
+
+@pytest.fixture(autouse=True)
+def seed() -> Iterator[int]:
+    """Every test starts from the same RNG state."""
+    torch.manual_seed(1234)
+    yield 1234
+
+
+def tiny_gpt(*, tie_embeddings: bool = False, qk_layernorm: bool = False, num_layers: int = 2) -> GPT:
+    """A GPT small enough for unit tests, with the built-in model's real parameter names."""
+    return GPT(
+        GPTConfig(
+            vocab_size=32, hidden_size=16, num_layers=num_layers, num_heads=2, max_seq_len=8,
+            tie_embeddings=tie_embeddings, qk_layernorm=qk_layernorm,
+        )
+    )
+
+
+@pytest.fixture
+def gpt() -> GPT:
+    return tiny_gpt()
+
+
+@pytest.fixture
+def tied_gpt() -> GPT:
+    return tiny_gpt(tie_embeddings=True)
+
+
+def tokens(batch: int = 4, seq: int = 8, vocab: int = 32) -> torch.Tensor:
+    """Random token ids of shape (batch, seq + 1) for ``GPT.loss``."""
+    return torch.randint(vocab, (batch, seq + 1))
+
+
+class OddShapes(torch.nn.Module):
+    """Odd-shaped parameters (5x7, 33x65, ...) under realistic names for numeric parity tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 65)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"qkv": torch.nn.Linear(65, 33), "proj": torch.nn.Linear(7, 5)})
+            for _ in range(2)
+        )
+        self.norm = torch.nn.LayerNorm(5)
+        self.lm_head = torch.nn.Linear(5, 7, bias=False)
+        self.embed.weight.is_embedding_or_output_parameter = True  # type: ignore[attr-defined]
+        self.lm_head.weight.is_embedding_or_output_parameter = True  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def odd_model() -> OddShapes:
+    return OddShapes()
+
+
+def fill_grads(params: list[torch.Tensor], generator: torch.Generator) -> None:
+    """Give every parameter a fresh random gradient (same stream for twin models)."""
+    for param in params:
+        param.grad = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+
+
+def twin[M: torch.nn.Module](model: M) -> M:
+    """An independent copy with identical values and parameter attributes.
+
+    ``copy.deepcopy`` alone drops attributes set on parameters (such as
+    ``is_embedding_or_output_parameter``), which would silently change the routing.
+    """
+    import copy
+
+    clone = copy.deepcopy(model)
+    for source, copied in zip(model.parameters(), clone.parameters()):
+        copied.__dict__.update(source.__dict__)
+    return clone

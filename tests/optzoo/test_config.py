@@ -1,0 +1,132 @@
+"""OptimizerConfig: Megatron-Core's fields and defaults, and validation that names the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+import torch
+
+from optimizers import _emerging
+from optzoo import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
+from optzoo.config import (
+    AdaptiveMuonMoment2Method,
+    MuonCoefficientType,
+    MuonScaleMode,
+)
+
+# Megatron-Core core/optimizer/optimizer_config.py defaults, transcribed field by field.
+MEGATRON_DEFAULTS = {
+    "lr": None, "min_lr": None, "decoupled_lr": None, "decoupled_min_lr": None, "weight_decay": 0.01,
+    "apply_wd_to_qk_layernorm": False, "fp8_recipe": None, "fp16": False, "bf16": False,
+    "reuse_grad_buf_for_mxfp8_param_ag": False, "params_dtype": torch.float32,
+    "use_precision_aware_optimizer": False, "store_param_remainders": True,
+    "main_grads_dtype": torch.float32, "main_params_dtype": torch.float32,
+    "exp_avg_dtype": torch.float32, "exp_avg_sq_dtype": torch.float32, "optimizer": "adam",
+    "loss_scale": None, "initial_loss_scale": 2**32, "min_loss_scale": 1.0, "loss_scale_window": 1000,
+    "hysteresis": 2, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08,
+    "decoupled_weight_decay": True, "sgd_momentum": 0.9, "muon_momentum": 0.95, "muon_split_qkv": True,
+    "muon_nesterov": False, "muon_scale_mode": "spectral", "muon_fp32_matmul_prec": "medium",
+    "muon_coefficient_type": "quintic", "muon_num_ns_steps": 5, "muon_tp_mode": "blockwise",
+    "muon_extra_scale_factor": 1.0, "soap_shampoo_beta": 0.95, "soap_precondition_frequency": 1,
+    "soap_use_kl_shampoo": True, "adaptive_muon_moment2_method": "adamuon", "adaptive_muon_beta2": 0.95,
+    "adaptive_muon_eps": 1e-8, "muon_scalar_optimizer": "adam", "lion_beta1": 0.95, "lion_beta2": 0.98,
+    "use_distributed_optimizer": False, "use_layer_wise_distributed_optimizer": False,
+    "overlap_param_gather": False, "overlap_param_gather_with_optimizer_step": False,
+    "optimizer_cpu_offload": False, "optimizer_offload_fraction": 0.0,
+    "use_torch_optimizer_for_cpu_offload": False, "overlap_cpu_optimizer_d2h_h2d": False,
+    "pin_cpu_grads": True, "pin_cpu_params": True, "offload_optimizer_states": False, "clip_grad": 1.0,
+    "log_num_zeros_in_grad": False, "barrier_with_L1_time": False, "timers": None,
+    "config_logger_dir": "", "optimizer_cuda_graph": False,
+}  # fmt: skip
+
+
+def test_every_megatron_field_with_megatron_default() -> None:
+    config = OptimizerConfig()
+    assert [f.name for f in dataclasses.fields(config)] == list(MEGATRON_DEFAULTS)
+    assert {name: getattr(config, name) for name in MEGATRON_DEFAULTS} == MEGATRON_DEFAULTS
+
+
+def test_aliases_are_the_same_class() -> None:
+    assert AdamOptimizerConfig is OptimizerConfig and SGDOptimizerConfig is OptimizerConfig
+
+
+def test_fields_are_keyword_only() -> None:
+    with pytest.raises(TypeError, match="positional"):
+        OptimizerConfig(1e-3)  # type: ignore[misc]
+
+
+def test_choice_aliases_match_emerging_optimizers() -> None:
+    from emerging_optimizers.orthogonalized_optimizers.adaptive_muon import Moment2MethodT
+    from emerging_optimizers.orthogonalized_optimizers.muon import MuonScaleT
+
+    assert set(typing.get_args(MuonCoefficientType)) == set(_emerging.newton_schulz_coefficient_types())
+    assert set(typing.get_args(MuonScaleMode)) == set(typing.get_args(MuonScaleT))
+    assert set(typing.get_args(AdaptiveMuonMoment2Method)) == set(typing.get_args(Moment2MethodT))
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"optimizer": "adamax"}, r"`OptimizerConfig.optimizer`: unknown optimizer; got 'adamax'; expected one of \['adam', 'sgd', 'lion'"),
+        ({"adam_beta1": 1.0}, r"`OptimizerConfig.adam_beta1`: must lie in \[0, 1\); got 1.0; expected 0 <= adam_beta1 < 1"),
+        ({"adam_beta2": -0.1}, r"`OptimizerConfig.adam_beta2`: must lie in \[0, 1\); got -0.1"),
+        ({"sgd_momentum": 1.5}, r"`OptimizerConfig.sgd_momentum`: must lie in \[0, 1\)"),
+        ({"lion_beta1": 1.0}, r"`OptimizerConfig.lion_beta1`: must lie in \[0, 1\)"),
+        ({"muon_momentum": 2.0}, r"`OptimizerConfig.muon_momentum`: must lie in \[0, 1\)"),
+        ({"lr": -1.0}, r"`OptimizerConfig.lr`: must be non-negative; got -1.0; expected a float >= 0 or None"),
+        ({"weight_decay": -0.1}, r"`OptimizerConfig.weight_decay`: must be non-negative; got -0.1"),
+        ({"clip_grad": float("nan")}, r"`OptimizerConfig.clip_grad`: must be non-negative; got nan"),
+        ({"muon_scale_mode": "rms"}, r"`OptimizerConfig.muon_scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling'\]"),
+        ({"muon_coefficient_type": "cubic"}, r"`OptimizerConfig.muon_coefficient_type`: unknown value; got 'cubic'; expected one of \['simple', 'quintic', 'polar_express'"),
+        ({"muon_tp_mode": "x"}, r"`OptimizerConfig.muon_tp_mode`: unknown value; got 'x'; expected one of \['blockwise', 'duplicated', 'distributed'\]"),
+        ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion'\]"),
+        ({"adaptive_muon_moment2_method": "x"}, r"`OptimizerConfig.adaptive_muon_moment2_method`: unknown value; got 'x'; expected one of \['adamuon', 'normuon', 'namo'\]"),
+        ({"muon_fp32_matmul_prec": "low"}, r"`OptimizerConfig.muon_fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),
+        ({"muon_num_ns_steps": 0}, r"`OptimizerConfig.muon_num_ns_steps`: must be a positive integer; got 0; expected an int >= 1"),
+        ({"soap_precondition_frequency": 1.5}, r"`OptimizerConfig.soap_precondition_frequency`: must be a positive integer; got 1.5"),
+        ({"fp16": True, "bf16": True}, r"`OptimizerConfig.bf16`: fp16 and bf16 are both set; got True; expected at most one of fp16, bf16"),
+        ({"exp_avg_dtype": torch.bfloat16}, r"`OptimizerConfig.exp_avg_dtype`: low-precision state needs use_precision_aware_optimizer=True; got torch.bfloat16"),
+        ({"main_params_dtype": torch.float16}, r"`OptimizerConfig.main_params_dtype`: low-precision state needs use_precision_aware_optimizer=True"),
+        ({"params_dtype": torch.int32}, r"`OptimizerConfig.params_dtype`: must be a floating dtype; got torch.int32"),
+        ({"initial_loss_scale": 0.0}, r"`OptimizerConfig.initial_loss_scale`: must be positive; got 0.0"),
+    ],
+)
+def test_bad_values_name_the_field_the_value_and_the_allowed(changes: dict[str, object], pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        OptimizerConfig(**{"lr": 1e-3, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("fp8_recipe", "delayed", "needs Transformer Engine"),
+        ("reuse_grad_buf_for_mxfp8_param_ag", True, "DDP grad buffers"),
+        ("fp16", True, "issue #3"),
+        ("bf16", True, "issue #3"),
+        ("loss_scale", 128.0, "issue #3"),
+        ("use_precision_aware_optimizer", True, "issue #3"),
+        ("use_distributed_optimizer", True, "issue #5"),
+        ("use_layer_wise_distributed_optimizer", True, "issue #5"),
+        ("overlap_param_gather", True, "DDP parameter buffers"),
+        ("overlap_param_gather_with_optimizer_step", True, "distributed optimizer"),
+        ("optimizer_cpu_offload", True, "CPU offload"),
+        ("optimizer_offload_fraction", 0.5, "CPU offload"),
+        ("use_torch_optimizer_for_cpu_offload", True, "CPU offload"),
+        ("overlap_cpu_optimizer_d2h_h2d", True, "CPU offload"),
+        ("offload_optimizer_states", True, "offload"),
+        ("optimizer_cuda_graph", True, "CUDA-graph"),
+    ],
+)
+def test_flags_optzoo_cannot_honour_raise_instead_of_being_ignored(field: str, value: object, why: str) -> None:
+    with pytest.raises(ValueError, match=rf"`OptimizerConfig.{field}`: not supported: .*{why}.*; got {value!r}"):
+        OptimizerConfig(lr=1e-3, **{field: value})  # type: ignore[arg-type]
+
+
+def test_replace_validates_and_diff_lists_changed_fields() -> None:
+    base = OptimizerConfig(lr=1e-3)
+    changed = base.replace(lr=2e-3, adam_beta1=0.8)
+    assert changed.diff(base) == {"lr": 2e-3, "adam_beta1": 0.8}
+    with pytest.raises(ValueError, match="adam_beta1"):
+        base.replace(adam_beta1=1.2)

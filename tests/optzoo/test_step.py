@@ -1,0 +1,133 @@
+"""ChainedOptimizer.step: global-norm clipping, zero counting, timers, and data errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optzoo import OptimizerConfig, ParamKey, get_optimizer
+from tests.conftest import fill_grads, tiny_gpt, tokens, twin
+
+
+def test_clipping_equals_torch_clip_grad_norm_then_adamw(odd_model: torch.nn.Module) -> None:
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.0, clip_grad=0.5)
+    reference_model = twin(odd_model)
+    ours = get_optimizer(config, odd_model, {})
+    reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
+    generator_a, generator_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    for _ in range(5):
+        fill_grads(list(odd_model.parameters()), generator_a)
+        fill_grads(list(reference_model.parameters()), generator_b)
+        expected_norm = torch.nn.utils.clip_grad_norm_(list(reference_model.parameters()), 0.5)
+        success, norm, zeros = ours.step()
+        reference.step()
+        assert success is True and zeros is None
+        assert norm == pytest.approx(float(expected_norm), rel=1e-6)
+    for p, q in zip(odd_model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+def test_clip_coefficient_is_megatrons_and_applies_only_below_one() -> None:
+    param = torch.nn.Parameter(torch.zeros(4))
+    model = torch.nn.Module()
+    model.register_parameter("weight", param)
+    opt = get_optimizer(OptimizerConfig(optimizer="sgd", lr=1.0, sgd_momentum=0.0, weight_decay=0.0, clip_grad=1.0), model, {})
+    param.grad = torch.tensor([3.0, 4.0, 0.0, 0.0])  # norm 5 -> scaled by 1 / (5 + 1e-6)
+    _, norm, _ = opt.step()
+    assert norm == 5.0
+    torch.testing.assert_close(param.detach(), -torch.tensor([3.0, 4.0, 0.0, 0.0]) / (5.0 + 1e-6), atol=0, rtol=0)
+    param.grad = torch.tensor([0.5, 0.0, 0.0, 0.0])  # norm below clip_grad: untouched
+    before = param.detach().clone()
+    opt.step()
+    torch.testing.assert_close(param.detach(), before - torch.tensor([0.5, 0.0, 0.0, 0.0]), atol=0, rtol=0)
+
+
+def test_no_clipping_and_no_norm_when_clip_grad_is_zero(gpt: torch.nn.Module) -> None:
+    opt = get_optimizer(OptimizerConfig(lr=1e-3, clip_grad=0.0), gpt)
+    gpt.loss(tokens()).backward()
+    grads = [p.grad.clone() for p in gpt.parameters()]
+    assert opt.step() == (True, None, None)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, gpt.parameters()))
+
+
+def test_num_zeros_in_grad_is_counted() -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = get_optimizer(OptimizerConfig(lr=1e-3, log_num_zeros_in_grad=True), model)
+    model.weight.grad = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    model.bias.grad = torch.tensor([0.0, 0.0])
+    assert opt.step()[2] == 5
+
+
+def test_params_without_grads_are_skipped(gpt: torch.nn.Module) -> None:
+    opt = get_optimizer(OptimizerConfig(lr=1e-3), gpt)
+    gpt.output_layer.weight.grad = torch.ones_like(gpt.output_layer.weight)
+    before = gpt.embedding.word_embeddings.weight.detach().clone()
+    opt.step()
+    assert torch.equal(before, gpt.embedding.word_embeddings.weight)
+    assert gpt.embedding.word_embeddings.weight not in opt.state
+
+
+def test_sparse_gradient_raises_and_changes_nothing() -> None:
+    model = tiny_gpt()
+    opt = get_optimizer(OptimizerConfig(lr=1e-2), model, {ParamKey(name="decoder.*"): {"optimizer": "lion"}})
+    model.loss(tokens()).backward()
+    opt.step()
+    model.loss(tokens()).backward()
+    params_before = [p.detach().clone() for p in model.parameters()]
+    state_before = {p: {k: v.clone() for k, v in s.items()} for p, s in opt.state.items()}
+    model.output_layer.weight.grad = model.output_layer.weight.grad.to_sparse()
+    with pytest.raises(ValueError, match=r"`output_layer.weight`: sparse gradients are not supported; got a sparse torch.sparse_coo gradient"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(params_before, model.parameters()))
+    for p, s in state_before.items():
+        assert all(torch.equal(v, opt.state[p][k]) for k, v in s.items())
+
+
+def test_closure_is_evaluated_with_grad_enabled(gpt: torch.nn.Module) -> None:
+    opt = get_optimizer(OptimizerConfig(lr=1e-3), gpt)
+    batch = tokens()
+    calls = []
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = gpt.loss(batch)
+        loss.backward()
+        calls.append(loss.item())
+        return loss
+
+    success, norm, _ = opt.step(closure)
+    assert success and len(calls) == 1 and norm is not None and norm > 0
+
+
+def test_timers_time_the_step_phases(gpt: torch.nn.Module) -> None:
+    events: list[tuple[str, str, object]] = []
+
+    class Timer:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def start(self, barrier: bool = False) -> None:
+            events.append(("start", self.name, barrier))
+
+        def stop(self) -> None:
+            events.append(("stop", self.name, None))
+
+    def timers(name: str, log_level: int = 0) -> Timer:
+        assert log_level == 1
+        return Timer(name)
+
+    opt = get_optimizer(OptimizerConfig(lr=1e-3, timers=timers, barrier_with_L1_time=True, log_num_zeros_in_grad=True), gpt)
+    gpt.loss(tokens()).backward()
+    opt.step()
+    assert events == [
+        ("start", "optimizer-clip-main-grad", True), ("stop", "optimizer-clip-main-grad", None),
+        ("start", "optimizer-count-zeros", True), ("stop", "optimizer-count-zeros", None),
+        ("start", "optimizer-inner-step", True), ("stop", "optimizer-inner-step", None),
+    ]
+
+
+def test_zero_grad_clears_every_group(gpt: torch.nn.Module) -> None:
+    opt = get_optimizer(OptimizerConfig(lr=1e-3), gpt, {ParamKey(name="*.weight"): {"optimizer": "sgd"}})
+    gpt.loss(tokens()).backward()
+    opt.zero_grad()
+    assert all(p.grad is None for p in gpt.parameters())
