@@ -1,0 +1,110 @@
+"""One battery over every registered optimizer: a new registration is covered automatically."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from optimizers.registry import OptimizerSpec, get_spec, register, registered_names
+from optzoo import OptimizerConfig, ParamKey, get_optimizer
+from tests.conftest import fill_grads
+
+NAMES = registered_names()
+LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03}
+
+
+class Quadratic(torch.nn.Module):
+    """0.5 * ||A x - b||^2 over a 5x7 matrix and a bias: a convex problem every optimizer solves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(5, 7))
+        self.bias = torch.nn.Parameter(torch.zeros(5))
+        self.target_w = torch.randn(5, 7)
+        self.target_b = torch.randn(5)
+
+    def loss(self) -> torch.Tensor:
+        return 0.5 * ((self.weight - self.target_w).square().sum() + (self.bias - self.target_b).square().sum())
+
+
+def _config(name: str, **changes: object) -> OptimizerConfig:
+    values: dict[str, object] = {"optimizer": name, "lr": LR.get(name, 0.01), "weight_decay": 0.0, "clip_grad": 0.0}
+    return OptimizerConfig(**{**values, **changes})  # type: ignore[arg-type]
+
+
+def test_every_name_has_a_spec_with_a_description_and_known_fields() -> None:
+    config_fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    for name in NAMES:
+        spec = get_spec(name)
+        assert spec.name == name and spec.description and spec.shapes
+        assert set(spec.config_fields) <= config_fields and set(spec.instance_fields) <= set(spec.config_fields)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converges_on_a_quadratic(name: str) -> None:
+    model = Quadratic()
+    opt = get_optimizer(_config(name), model, {})
+    start = model.loss().item()
+    for _ in range(200):
+        opt.zero_grad()
+        model.loss().backward()
+        opt.step()
+    assert model.loss().item() < 0.01 * start, name
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_steps_on_cpu_and_keeps_dtype(name: str, dtype: torch.dtype) -> None:
+    model = torch.nn.Linear(7, 5).to(dtype)
+    opt = get_optimizer(_config(name), model)
+    generator = torch.Generator().manual_seed(0)
+    before = [p.detach().clone() for p in model.parameters()]
+    fill_grads(list(model.parameters()), generator)
+    opt.step()
+    for old, param in zip(before, model.parameters()):
+        assert param.dtype == dtype and param.device.type == "cpu" and not torch.equal(old, param)
+        assert all(v.dtype in (dtype, torch.float32) for v in opt.state[param].values() if torch.is_tensor(v))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trip_continues_identically(name: str) -> None:
+    model = torch.nn.Linear(7, 5)
+    twin_model = copy.deepcopy(model)
+    opt, twin_opt = get_optimizer(_config(name), model), get_optimizer(_config(name), twin_model)
+    generator = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(p.shape, generator=generator) for p in model.parameters()] for _ in range(6)]
+    for step, step_grads in enumerate(grads):
+        for p, q, g in zip(model.parameters(), twin_model.parameters(), step_grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        twin_opt.step()
+        if step == 2:  # reload the twin from a copy of the first optimizer's state
+            twin_opt = get_optimizer(_config(name), twin_model)
+            twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for p, q in zip(model.parameters(), twin_model.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_arguments_raise_with_the_field_named(name: str) -> None:
+    model = torch.nn.Linear(7, 5)
+    with pytest.raises(ValueError, match=r"`OptimizerConfig.lr`: must be non-negative; got -1.0"):
+        get_optimizer(_config(name, lr=-1.0), model)
+    for field in get_spec(name).config_fields:
+        if "beta" in field or "momentum" in field:  # decay rates must lie in [0, 1)
+            with pytest.raises(ValueError, match=rf"param group #0 \(rules #0 name='\*'\): `OptimizerConfig.{field}`: .*got 1.5"):
+                get_optimizer(_config(name), model, {ParamKey(name="*"): {field: 1.5}})
+
+
+def test_a_duplicate_registration_raises_listing_the_names() -> None:
+    spec = get_spec("sgd")
+    with pytest.raises(ValueError, match=r"`sgd`: optimizer already registered; got a second registration; expected a new name \(registered: \['adam', 'sgd', 'lion'"):
+        register(OptimizerSpec(**{**spec.__dict__}))
+
+
+def test_unknown_name_lists_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match=r"`optimizer`: unknown optimizer; got 'adamax'; expected one of \['adam', 'sgd', 'lion'"):
+        get_spec("adamax")
