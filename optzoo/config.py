@@ -47,6 +47,12 @@ def _fail(field: str, problem: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"`OptimizerConfig.{field}`: {problem}; got {value!r}; expected {expected}")
 
 
+def _wrong_type(field: str, value: Any, expected: str) -> TypeError:
+    return TypeError(
+        f"`OptimizerConfig.{field}`: wrong type; got {value!r} ({type(value).__name__}); expected {expected}"
+    )
+
+
 @dataclass(kw_only=True)
 class OptimizerConfig:
     """What to optimize with, field for field compatible with Megatron-Core.
@@ -211,10 +217,25 @@ class OptimizerConfig:
     """Capture the step in a CUDA graph; not implemented: must be False."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         self._check_names()
         self._check_ranges()
         self._check_precision()
         self._check_unsupported()
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            allowed = _TYPE_CHECKS.get(str(f.type))
+            if allowed is None:
+                if callable(value) or value is None:
+                    continue
+                raise _wrong_type(f.name, value, "a callable or None")
+            accepted, described = allowed
+            if isinstance(value, bool) and bool not in accepted:
+                raise _wrong_type(f.name, value, described)
+            if not isinstance(value, accepted):
+                raise _wrong_type(f.name, value, described)
 
     def _check_names(self) -> None:
         names = registered_names()
@@ -252,6 +273,11 @@ class OptimizerConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(field, "must be a positive integer", value, "an int >= 1")
+        if self.decoupled_min_lr is not None and self.decoupled_lr is None:
+            raise _fail(
+                "decoupled_min_lr", "has no effect without decoupled_lr", self.decoupled_min_lr,
+                "decoupled_lr to be set too, or decoupled_min_lr=None",
+            )
         if not self.muon_extra_scale_factor > 0.0:
             raise _fail("muon_extra_scale_factor", "must be positive", self.muon_extra_scale_factor, "a float > 0")
         for field in ("initial_loss_scale", "min_loss_scale"):
@@ -294,6 +320,17 @@ class OptimizerConfig:
             if getattr(self, f.name) != getattr(base, f.name)
         }
 
+
+_TYPE_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
+    "float": ((int, float), "a number"),
+    "float | None": ((int, float, type(None)), "a number or None"),
+    "int": ((int,), "an int"),
+    "bool": ((bool,), "True or False"),
+    "str": ((str,), "a string"),
+    "str | None": ((str, type(None)), "a string or None"),
+    "torch.dtype": ((torch.dtype,), "a torch.dtype such as torch.float32"),
+}
+"""Accepted runtime types per field annotation (``bool`` is refused where a number is meant)."""
 
 _UNSUPPORTED: tuple[tuple[str, Any, str], ...] = (
     ("fp8_recipe", None, "FP8 training needs Transformer Engine, which optzoo does not use"),

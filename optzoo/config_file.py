@@ -97,7 +97,13 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
     if not path.is_file():
         raise FileNotFoundError(f"`--config`: no such file; got {str(path)!r}; expected a .toml or .py file")
     if path.suffix == ".py":
-        namespace = runpy.run_path(str(path))
+        try:
+            namespace = runpy.run_path(str(path))
+        except Exception as error:  # user code: report it in one line, whatever it raised
+            raise ValueError(
+                f"`--config`: running the file failed; got {str(path)!r} raising {type(error).__name__}: "
+                f"{error}; expected it to define config (and optionally config_overrides)"
+            ) from error
         config = namespace.get("config")
         if not isinstance(config, OptimizerConfig):
             raise ValueError(

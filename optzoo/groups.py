@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,7 +159,22 @@ def qualified_names(routed: RoutedParam, num_chunks: int) -> tuple[str, ...]:
     """A parameter's unique names: chunk-local names, prefixed ``chunkN.`` when there are chunks."""
     if num_chunks == 1:
         return routed.names
-    return tuple(f"chunk{routed.chunk}.{name}" for name in routed.names)
+    return tuple(f"chunk{chunk}.{name}" for name, chunk in zip(routed.names, routed.chunks))
+
+
+def _warn_if_decoupled_lr_is_unused(config: OptimizerConfig, overrides: Mapping[ParamKey, Mapping[str, Any]]) -> None:
+    """``decoupled_lr`` acts only through the standard overrides (as in Megatron-Core): say so."""
+    if config.decoupled_lr is None:
+        return
+    if any(value.get("max_lr") == config.decoupled_lr for value in overrides.values()):
+        return
+    warnings.warn(
+        f"`OptimizerConfig.decoupled_lr`: has no effect with explicit config_overrides; got "
+        f"{config.decoupled_lr!r} but no override sets max_lr to it; expected the standard "
+        "overrides merged in: {**get_standard_config_overrides(config), **your_overrides}",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def resolve_groups(
@@ -175,7 +191,11 @@ def resolve_groups(
             value for a group (the message names the group's rules), or ``lr`` unset.
     """
     chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
-    routing = resolve_param_groups(chunks, normalize_overrides(config, config_overrides), strict=strict)
+    overrides = normalize_overrides(config, config_overrides)
+    if config_overrides is not None:
+        _warn_if_decoupled_lr_is_unused(config, overrides)
+    # The standard rules are ours, not the user's: one that matches nothing is not a typo.
+    routing = resolve_param_groups(chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None)
     resolved = []
     for index, group in enumerate(routing.groups):
         rules = sorted({k for routed in group.params for k in routed.matched})

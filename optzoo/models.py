@@ -181,8 +181,19 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
             f"`--model`: unknown model; got {spec!r}; expected one of {sorted(BUILTIN_MODELS)} "
             "or package.module:callable"
         )
-    with torch.device(device):
-        model = factory()
+    if not callable(factory):
+        raise TypeError(
+            f"`--model`: not a callable; got {spec!r} ({type(factory).__name__}); "
+            "expected package.module:callable returning a module or a list of modules"
+        )
+    try:
+        with torch.device(device):
+            model = factory()
+    except Exception as error:  # user code: report it in one line, whatever it raised
+        raise ValueError(
+            f"`--model`: building the model failed; got {spec!r} raising {type(error).__name__}: {error}; "
+            "expected it to return a module or a list of modules"
+        ) from error
     if isinstance(model, nn.Module):
         return model
     if isinstance(model, (list, tuple)) and model and all(isinstance(m, nn.Module) for m in model):

@@ -7,6 +7,7 @@ Compatible with Megatron-Core's ``core.optimizer.optimizer_config`` ``ParamKey``
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -102,15 +103,30 @@ class ParamKey:
                         f"got {entry!r} ({type(entry).__name__}); "
                         f"expected a {expected.__name__} or a tuple of them"
                     )
+        # Matching runs (parameters x keys) times: normalise once, and fold all globs into
+        # one regex (the same translation fnmatch uses) instead of one fnmatch call per glob.
+        names = _as_tuple(self.name)
+        pattern = re.compile("|".join(fnmatch.translate(n) for n in names)) if names else None
+        object.__setattr__(self, "_name_pattern", pattern)
+        object.__setattr__(self, "_attrs", _as_tuple(self.attr))
+        object.__setattr__(self, "_predicates", _as_tuple(self.predicate))
+        object.__setattr__(self, "_name_predicates", _as_tuple(self.with_name_predicate))
 
     def matches(self, param: torch.Tensor, param_name: str) -> bool:
         """Whether ``param``, known as ``param_name``, is selected by this key."""
-        return (
-            any(fnmatch.fnmatchcase(param_name, pattern) for pattern in _as_tuple(self.name))
-            or any(getattr(param, attr, False) for attr in _as_tuple(self.attr))
-            or any(pred(param) for pred in _as_tuple(self.predicate))
-            or any(pred(param, param_name) for pred in _as_tuple(self.with_name_predicate))
-        )
+        pattern: re.Pattern[str] | None = self._name_pattern  # type: ignore[attr-defined]
+        if pattern is not None and pattern.match(param_name):
+            return True
+        for attr in self._attrs:  # type: ignore[attr-defined]
+            if getattr(param, attr, False):
+                return True
+        for predicate in self._predicates:  # type: ignore[attr-defined]
+            if predicate(param):
+                return True
+        for name_predicate in self._name_predicates:  # type: ignore[attr-defined]
+            if name_predicate(param, param_name):
+                return True
+        return False
 
     def describe(self) -> str:
         """A short, stable description listing only the fields that are set."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -24,17 +25,23 @@ class RoutingConflictError(ValueError):
 class RoutedParam:
     """One trainable tensor and how routing saw it."""
 
-    param: torch.nn.Parameter
+    param: torch.nn.Parameter = field(compare=False)
+    """The tensor itself (compared by the fields below, never by value)."""
     names: tuple[str, ...]
-    """Every dotted name the tensor has (more than one when it is tied); the first is its id."""
-    chunk: int
-    """Index of the model chunk it was found in first."""
+    """Every chunk-local dotted name the tensor has (several when tied); the first is its id."""
+    chunks: tuple[int, ...]
+    """The model chunk of each name, parallel to ``names``."""
     matched: tuple[int, ...]
     """Indices (into the ``config_overrides`` order) of the keys that matched it."""
 
     @property
     def name(self) -> str:
         return self.names[0]
+
+    @property
+    def chunk(self) -> int:
+        """The chunk the tensor was first found in."""
+        return self.chunks[0]
 
 
 @dataclass(frozen=True)
@@ -71,11 +78,19 @@ class Routing:
 
 
 def _freeze(value: Any) -> Hashable:
-    """A hashable stand-in for an override value, so equal overrides land in one group."""
+    """A hashable stand-in for an override value, so equal overrides land in one group.
+
+    Tagged with the type, so ``True``/``1``/``1.0`` and lists/tuples stay distinct (a group
+    shows exactly what its rule said), and NaN equals NaN.
+    """
     if isinstance(value, Mapping):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+        return ("mapping", tuple(sorted((k, _freeze(v)) for k, v in value.items())))
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, float) and math.isnan(value):
+        return ("float", "nan")
+    if isinstance(value, (bool, int, float, complex)):
+        return (type(value).__name__, value)
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.flatten().tolist()))
     try:
@@ -92,13 +107,13 @@ def _shorten(items: Sequence[str], limit: int = 10) -> str:
 
 def named_trainable_parameters(
     model_chunks: Sequence[torch.nn.Module],
-) -> list[tuple[torch.nn.Parameter, tuple[str, ...], int]]:
-    """Every trainable tensor once, with all its names, in model order.
+) -> list[tuple[torch.nn.Parameter, tuple[str, ...], tuple[int, ...]]]:
+    """Every trainable tensor once, with all its names and their chunks, in model order.
 
     Names are local to their chunk (as in Megatron-Core); a tensor shared between names or
-    chunks is listed once, at its first appearance.
+    chunks is listed once, at its first appearance, with every ``(name, chunk)`` it has.
     """
-    found: dict[int, tuple[torch.nn.Parameter, list[str], int]] = {}
+    found: dict[int, tuple[torch.nn.Parameter, list[tuple[str, int]]]] = {}
     for chunk_index, chunk in enumerate(model_chunks):
         if not isinstance(chunk, torch.nn.Module):
             raise TypeError(
@@ -108,10 +123,37 @@ def named_trainable_parameters(
         for name, param in chunk.named_parameters(remove_duplicate=False):
             if not param.requires_grad:
                 continue
-            entry = found.setdefault(id(param), (param, [], chunk_index))
-            if name not in entry[1]:
-                entry[1].append(name)
-    return [(param, tuple(names), chunk) for param, names, chunk in found.values()]
+            entry = found.setdefault(id(param), (param, []))
+            if (name, chunk_index) not in entry[1]:
+                entry[1].append((name, chunk_index))
+    return [
+        (param, tuple(n for n, _ in places), tuple(c for _, c in places))
+        for param, places in found.values()
+    ]
+
+
+def _merge(
+    name: str,
+    matched: tuple[int, ...],
+    items: Sequence[tuple[ParamKey, Override]],
+    keys: Sequence[ParamKey],
+) -> dict[str, Any]:
+    """Merge the overrides of the ``matched`` keys for parameter ``name``; refuse conflicts."""
+    merged: dict[str, Any] = {}
+    setter: dict[str, int] = {}
+    for index in matched:
+        for field_name, value in items[index][1].items():
+            if field_name in merged and _freeze(merged[field_name]) != _freeze(value):
+                first = setter[field_name]
+                raise RoutingConflictError(
+                    f"`{name}`: conflicting values for field `{field_name}` from rule "
+                    f"#{first} {keys[first].describe()} ({field_name}={merged[field_name]!r}) "
+                    f"and rule #{index} {keys[index].describe()} ({field_name}={value!r}); "
+                    "expected matching rules to agree: narrow one rule or make the values equal"
+                )
+            merged[field_name] = value
+            setter.setdefault(field_name, index)
+    return merged
 
 
 def resolve_param_groups(
@@ -119,6 +161,7 @@ def resolve_param_groups(
     config_overrides: Mapping[ParamKey, Override] | None,
     *,
     strict: bool = False,
+    warn_unmatched: bool = True,
 ) -> Routing:
     """Match every trainable parameter against every key and group identical merged overrides.
 
@@ -127,6 +170,8 @@ def resolve_param_groups(
         config_overrides: ``{ParamKey: override}``; an override maps field names to values.
             ``None`` and ``{}`` both mean "no overrides" here (the caller decides defaults).
         strict: Raise instead of warning when a key matches no parameter.
+        warn_unmatched: Warn about keys that match nothing (off for built-in defaults, which
+            need not apply to every model); ``strict`` still raises.
 
     Returns:
         A :class:`Routing`: the groups in the documented order, plus provenance.
@@ -160,32 +205,27 @@ def resolve_param_groups(
     hits = [0] * len(items)
     group_index: dict[Hashable, int] = {}
     group_members: list[tuple[dict[str, Any], list[RoutedParam]]] = []
-    for param, names, chunk in named_trainable_parameters(chunks):
-        matched = tuple(
-            index
-            for index, key in enumerate(keys)
-            if any(key.matches(param, name) for name in names)
-        )
-        merged: dict[str, Any] = {}
-        setter: dict[str, int] = {}
+    # The merge depends only on which keys matched, so each match set is merged once.
+    group_of_match: dict[tuple[int, ...], int] = {}
+    indexed_keys = list(enumerate(keys))
+    for param, names, name_chunks in named_trainable_parameters(chunks):
+        matched_list = []
+        for index, key in indexed_keys:
+            for name in names:
+                if key.matches(param, name):
+                    matched_list.append(index)
+                    break
+        matched = tuple(matched_list)
         for index in matched:
             hits[index] += 1
-            for field_name, value in items[index][1].items():
-                if field_name in merged and _freeze(merged[field_name]) != _freeze(value):
-                    first = setter[field_name]
-                    raise RoutingConflictError(
-                        f"`{names[0]}`: conflicting values for field `{field_name}` from rule "
-                        f"#{first} {keys[first].describe()} ({field_name}={merged[field_name]!r}) "
-                        f"and rule #{index} {keys[index].describe()} ({field_name}={value!r}); "
-                        "expected matching rules to agree: narrow one rule or make the values equal"
-                    )
-                merged[field_name] = value
-                setter.setdefault(field_name, index)
-        identity = _freeze(merged)
-        if identity not in group_index:
-            group_index[identity] = len(group_members)
-            group_members.append((merged, []))
-        group_members[group_index[identity]][1].append(RoutedParam(param, names, chunk, matched))
+        if matched not in group_of_match:
+            merged = _merge(names[0], matched, items, keys)
+            identity = _freeze(merged)
+            if identity not in group_index:
+                group_index[identity] = len(group_members)
+                group_members.append((merged, []))
+            group_of_match[matched] = group_index[identity]
+        group_members[group_of_match[matched]][1].append(RoutedParam(param, names, name_chunks, matched))
 
     # Documented order: the no-override group first, then by first appearance in the model.
     ordered = sorted(group_members, key=lambda member: bool(member[0]))
@@ -195,8 +235,14 @@ def resolve_param_groups(
     )
 
     unmatched = tuple(index for index, count in enumerate(hits) if count == 0)
-    if unmatched:
-        all_names = [name for g in groups for p in g.params for name in p.names]
+    if unmatched and (strict or warn_unmatched):
+        several = len(chunks) > 1
+        all_names = [
+            f"chunk{chunk}.{name}" if several else name
+            for g in groups
+            for p in g.params
+            for name, chunk in zip(p.names, p.chunks)
+        ]
         message = (
             "config_overrides: "
             + "; ".join(f"rule #{i} {keys[i].describe()} matched no parameter" for i in unmatched)

@@ -85,7 +85,8 @@ def test_choice_aliases_match_emerging_optimizers() -> None:
         ({"adaptive_muon_moment2_method": "x"}, r"`OptimizerConfig.adaptive_muon_moment2_method`: unknown value; got 'x'; expected one of \['adamuon', 'normuon', 'namo'\]"),
         ({"muon_fp32_matmul_prec": "low"}, r"`OptimizerConfig.muon_fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),
         ({"muon_num_ns_steps": 0}, r"`OptimizerConfig.muon_num_ns_steps`: must be a positive integer; got 0; expected an int >= 1"),
-        ({"soap_precondition_frequency": 1.5}, r"`OptimizerConfig.soap_precondition_frequency`: must be a positive integer; got 1.5"),
+        ({"soap_precondition_frequency": 0}, r"`OptimizerConfig.soap_precondition_frequency`: must be a positive integer; got 0"),
+        ({"decoupled_min_lr": 1e-5}, r"`OptimizerConfig.decoupled_min_lr`: has no effect without decoupled_lr; got 1e-05; expected decoupled_lr to be set too, or decoupled_min_lr=None"),
         ({"fp16": True, "bf16": True}, r"`OptimizerConfig.bf16`: fp16 and bf16 are both set; got True; expected at most one of fp16, bf16"),
         ({"exp_avg_dtype": torch.bfloat16}, r"`OptimizerConfig.exp_avg_dtype`: low-precision state needs use_precision_aware_optimizer=True; got torch.bfloat16"),
         ({"main_params_dtype": torch.float16}, r"`OptimizerConfig.main_params_dtype`: low-precision state needs use_precision_aware_optimizer=True"),
@@ -130,3 +131,20 @@ def test_replace_validates_and_diff_lists_changed_fields() -> None:
     assert changed.diff(base) == {"lr": 2e-3, "adam_beta1": 0.8}
     with pytest.raises(ValueError, match="adam_beta1"):
         base.replace(adam_beta1=1.2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"lr": "3e-4"}, r"`OptimizerConfig.lr`: wrong type; got '3e-4' \(str\); expected a number or None"),
+        ({"fp16": 1}, r"`OptimizerConfig.fp16`: wrong type; got 1 \(int\); expected True or False"),
+        ({"adam_beta1": True}, r"`OptimizerConfig.adam_beta1`: wrong type; got True \(bool\); expected a number"),
+        ({"hysteresis": 2.0}, r"`OptimizerConfig.hysteresis`: wrong type; got 2.0 \(float\); expected an int"),
+        ({"params_dtype": "bf16"}, r"`OptimizerConfig.params_dtype`: wrong type; got 'bf16' \(str\); expected a torch.dtype"),
+        ({"timers": 3}, r"`OptimizerConfig.timers`: wrong type; got 3 \(int\); expected a callable or None"),
+        ({"optimizer": None}, r"`OptimizerConfig.optimizer`: wrong type; got None \(NoneType\); expected a string"),
+    ],
+)
+def test_wrong_types_are_type_errors_naming_the_field(changes: dict[str, object], pattern: str) -> None:
+    with pytest.raises(TypeError, match=pattern):
+        OptimizerConfig(**changes)  # type: ignore[arg-type]

@@ -182,3 +182,27 @@ def test_add_param_group_is_refused(gpt: torch.nn.Module) -> None:
     opt = get_optimizer(BASE, gpt)
     with pytest.raises(TypeError, match=r"`ChainedOptimizer.add_param_group`: groups are fixed by routing"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+
+
+def test_decoupled_lr_with_explicit_overrides_warns_unless_merged_in(gpt: torch.nn.Module) -> None:
+    config = BASE.replace(decoupled_lr=5e-4)
+    with pytest.warns(UserWarning, match=r"`OptimizerConfig.decoupled_lr`: has no effect with explicit config_overrides; got 0.0005"):
+        get_optimizer(config, gpt, {ParamKey(name="*.bias"): {"wd_mult": 0.0}})
+    import warnings
+
+    from optzoo import get_standard_config_overrides
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = get_optimizer(config, gpt, {**get_standard_config_overrides(config), ParamKey(name="output_layer.weight"): {"lr": 5e-4}})
+    assert _group_of(opt, "embedding.word_embeddings.weight")["lr"] == 5e-4
+
+
+def test_standard_rules_that_match_nothing_stay_quiet() -> None:
+    import warnings
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False))  # no 1-D parameter, no embedding
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = get_optimizer(BASE.replace(decoupled_lr=1e-4), model)
+    assert len(opt.param_groups) == 1

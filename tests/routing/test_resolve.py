@@ -491,3 +491,12 @@ def test_standard_overrides_decoupled_min_lr_is_added_when_given(tied_gpt: GPT) 
 def test_standard_overrides_without_decoupled_lr_has_only_the_no_decay_key() -> None:
     assert [k.describe() for k in standard_overrides()] == ["name='*.bias', predicate='is_1d'"]
     assert list(standard_overrides().values()) == [{"wd_mult": 0.0}]
+
+
+def test_routings_compare_without_comparing_tensor_values() -> None:
+    # `==` on results must answer, not raise: tensors are compared by identity, never by value
+    # (a dataclass comparing tensors elementwise raises "Boolean value of Tensor ... ambiguous").
+    first, second = tiny_gpt(), tiny_gpt()
+    overrides = {BIAS: {"wd_mult": 0.0}}
+    assert resolve_quietly(first, overrides) == resolve_quietly(first, overrides)
+    assert isinstance(resolve_quietly(first, overrides) == resolve_quietly(second, overrides), bool)

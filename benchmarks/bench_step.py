@@ -1,0 +1,86 @@
+"""Step time of get_optimizer's optimizers against the torch.optim baselines users would pick.
+
+Run: ``.venv/bin/python -m benchmarks.bench_step`` (prints a table of ratios measured side by
+side in one process), or through pytest-benchmark: ``make bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+from tabulate import tabulate
+
+from optzoo import OptimizerConfig, ParamKey, get_optimizer
+from optzoo.models import GPT, GPTConfig
+
+
+def _model(hidden: int, layers: int) -> GPT:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(hidden_size=hidden, num_layers=layers, num_heads=8, vocab_size=8192, max_seq_len=256))
+    for param in model.parameters():
+        param.grad = torch.randn_like(param) * 1e-3
+    return model
+
+
+def _candidates(model: GPT) -> dict[str, torch.optim.Optimizer]:
+    config = OptimizerConfig(lr=1e-3, weight_decay=0.1, clip_grad=0.0)
+    return {
+        "optzoo adam (fused)": get_optimizer(config, model),
+        "torch AdamW foreach": torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True),
+        "torch AdamW fused": torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
+        "optzoo sgd": get_optimizer(config.replace(optimizer="sgd"), model),
+        "torch SGD foreach": torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True),
+        "optzoo lion": get_optimizer(config.replace(optimizer="lion"), model),
+        "optzoo adam+lion routing": get_optimizer(
+            config, model, {ParamKey(name="*.mlp.linear_fc*.weight"): {"optimizer": "lion"}}
+        ),
+    }
+
+
+def compare(hidden: int = 512, layers: int = 8, repeats: int = 10) -> list[list[object]]:
+    """Median step time of every candidate on one model, round-robin in one process.
+
+    Candidates take turns within each repeat, so machine-load drift hits them all alike.
+    """
+    model = _model(hidden, layers)
+    candidates = _candidates(model)
+    steps: dict[str, Callable[[], object]] = {name: opt.step for name, opt in candidates.items()}
+    for step in steps.values():
+        step()  # warm up: lazy state, torch.compile of Lion's update
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            started = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - started)
+    medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    baseline = medians["torch AdamW foreach"]
+    return [[name, seconds * 1e3, seconds / baseline] for name, seconds in medians.items()]
+
+
+@pytest.mark.parametrize("name", ["optzoo adam (fused)", "torch AdamW foreach", "optzoo lion", "optzoo sgd"])
+def test_step_time(benchmark: pytest.FixtureRequest, name: str) -> None:
+    opt = _candidates(_model(256, 4))[name]
+    opt.step()
+    benchmark(opt.step)  # type: ignore[operator]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    model_size = sum(p.numel() for p in _model(args.hidden, args.layers).parameters())
+    print(f"GPT hidden={args.hidden} layers={args.layers}: {model_size / 1e6:.1f}M parameters, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    rows = compare(args.hidden, args.layers, args.repeats)
+    print(tabulate(rows, headers=["optimizer", "median step (ms)", "vs torch AdamW foreach"], floatfmt=".2f"))
+
+
+if __name__ == "__main__":
+    main()
