@@ -93,6 +93,16 @@ def test_python_blocks_run(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
             exec(code, namespace)  # noqa: S102 - running the docs' own examples is the point
 
 
+def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = DOCS.parent / "README.md"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "docs.readme"}
+    python_blocks = [b for b in blocks(readme) if b.lang == "python"]
+    assert python_blocks
+    for block in python_blocks:
+        exec(compile(block.text, f"{readme}:{block.line}", "exec"), namespace)  # noqa: S102
+
+
 def test_docs_have_python_examples() -> None:
     assert len(all_blocks("python")) >= 15
 
