@@ -16,6 +16,6 @@ test: venv
 	$(PY) -m pytest -q
 
 bench: venv
-	$(PY) -m pytest benchmarks -o python_files='bench_*.py' --benchmark-enable -q
+	$(PY) -m pytest benchmarks --benchmark-enable -q
 	$(PY) -m benchmarks.bench_routing
 	$(PY) -m benchmarks.bench_step
