@@ -2,9 +2,15 @@
 
 from optimizers.registry import OptimizerSpec, register, registered_names
 from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
-from optzoo.factory import get_optimizer
+from optzoo.factory import get_optimizer, make_grad_scaler
 from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_groups
-from optzoo.optimizer import ChainedOptimizer
+from optzoo.optimizer import (
+    ChainedOptimizer,
+    Float16OptimizerWithFloat16Params,
+    FP32Optimizer,
+    MixedPrecisionOptimizer,
+)
+from optzoo.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
 from routing import (
     ParamKey,
     ParamPredicate,
@@ -16,6 +22,12 @@ from routing import (
 __all__ = [
     "AdamOptimizerConfig",
     "ChainedOptimizer",
+    "ConstantGradScaler",
+    "DynamicGradScaler",
+    "FP32Optimizer",
+    "Float16OptimizerWithFloat16Params",
+    "MegatronGradScaler",
+    "MixedPrecisionOptimizer",
     "OptimizerConfig",
     "OptimizerSpec",
     "ParamKey",
@@ -25,6 +37,7 @@ __all__ = [
     "RoutingConflictError",
     "SGDOptimizerConfig",
     "get_optimizer",
+    "make_grad_scaler",
     "get_standard_config_overrides",
     "register",
     "registered_names",

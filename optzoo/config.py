@@ -85,18 +85,21 @@ class OptimizerConfig:
     fp8_recipe: str | None = None
     """FP8 recipe of Transformer Engine; unsupported here (no Transformer Engine): must be None."""
     fp16: bool = False
-    """Train with fp16 params and fp32 main params (mixed-precision wrapper, issue #3)."""
+    """fp16 model params with fp32 main params and a loss scaler (dynamic unless ``loss_scale``)."""
     bf16: bool = False
-    """Train with bf16 params and fp32 main params (mixed-precision wrapper, issue #3)."""
+    """bf16 model params with fp32 main params; inf/NaN steps are skipped (no scaler needed)."""
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
     """MXFP8 parameter all-gather through Megatron's DDP grad buffer; unsupported: must be False."""
     params_dtype: torch.dtype = torch.float32
     """dtype the model was initialised in. Informational, as in Megatron-Core's optimizer: the
     optimizer works with whatever dtype the parameters have."""
     use_precision_aware_optimizer: bool = False
-    """Low-precision main params, grads and Adam state (issue #3); must be False for now."""
+    """Adam keeps its master params and moments in the ``*_dtype`` fields below (computing in
+    fp32); Megatron-Core does this with Transformer Engine's FusedAdam, optzoo with its own."""
     store_param_remainders: bool = True
-    """With the precision-aware optimizer, keep only the 16 low bits of fp32 main params."""
+    """With the precision-aware optimizer and bf16: keep only the low 16 bits of each fp32 master
+    value (int16) beside the bf16 param (2 bytes instead of 4). Must be False where it cannot
+    apply (fp16, fp32 params, non-fp32 main params)."""
     main_grads_dtype: torch.dtype = torch.float32
     """dtype of main grads; non-fp32 needs ``use_precision_aware_optimizer``."""
     main_params_dtype: torch.dtype = torch.float32
@@ -110,7 +113,7 @@ class OptimizerConfig:
 
     # ---- Loss scaling -----------------------------------------------------------------------
     loss_scale: float | None = None
-    """Static loss scale; ``None`` means dynamic scaling under fp16."""
+    """Static loss scale (fp16/bf16 only); ``None`` means dynamic scaling under fp16, none under bf16."""
     initial_loss_scale: float = 2**32
     """Initial dynamic loss scale (Megatron's default 2**32)."""
     min_loss_scale: float = 1.0
@@ -291,6 +294,10 @@ class OptimizerConfig:
     def _check_precision(self) -> None:
         if self.fp16 and self.bf16:
             raise _fail("bf16", "fp16 and bf16 are both set", True, "at most one of fp16, bf16")
+        if self.loss_scale is not None and not (self.fp16 or self.bf16):
+            raise _fail("loss_scale", "a loss scale applies only with fp16 or bf16", self.loss_scale, "None, or fp16/bf16=True")
+        if self.use_precision_aware_optimizer:
+            self._check_precision_aware()
         if not self.params_dtype.is_floating_point:
             raise _fail("params_dtype", "must be a floating dtype", self.params_dtype, "e.g. torch.float32")
         for field in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
@@ -300,6 +307,25 @@ class OptimizerConfig:
                     field, "low-precision state needs use_precision_aware_optimizer=True", value,
                     "torch.float32 (or set use_precision_aware_optimizer)",
                 )
+
+    def _check_precision_aware(self) -> None:
+        """Megatron-Core's precision-aware optimizer is Adam with typed state (no TE needed here)."""
+        if self.optimizer != "adam":
+            raise _fail("optimizer", "use_precision_aware_optimizer supports adam only", self.optimizer, "'adam'")
+        for field, allowed in _PRECISION_AWARE_DTYPES.items():
+            value = getattr(self, field)
+            if value not in allowed:
+                raise _fail(field, "unsupported dtype", value, f"one of {[str(d) for d in allowed]}")
+        if self.main_params_dtype != _FP32 and not (self.fp16 or self.bf16):
+            raise _fail(
+                "main_params_dtype", "low-precision main params need 16-bit model params", self.main_params_dtype,
+                "torch.float32 (the fp32 model params are the main params), or fp16/bf16=True",
+            )
+        if self.store_param_remainders and not (self.bf16 and self.main_params_dtype == _FP32):
+            raise _fail(
+                "store_param_remainders", "needs bf16=True and main_params_dtype=torch.float32 (the bf16 "
+                "param holds the high half of the fp32 master)", True, "store_param_remainders=False here",
+            )
 
     def _check_unsupported(self) -> None:
         """Fields optzoo cannot honour yet: only their inert value is accepted."""
@@ -321,6 +347,14 @@ class OptimizerConfig:
         }
 
 
+_PRECISION_AWARE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "main_grads_dtype": (torch.float32, torch.bfloat16),
+    "main_params_dtype": (torch.float32, torch.bfloat16, torch.float16),
+    "exp_avg_dtype": (torch.float32, torch.bfloat16, torch.float16),
+    "exp_avg_sq_dtype": (torch.float32, torch.bfloat16, torch.float16),
+}
+"""Dtypes the precision-aware Adam stores (it always computes in fp32)."""
+
 _TYPE_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "float": ((int, float), "a number"),
     "float | None": ((int, float, type(None)), "a number or None"),
@@ -335,10 +369,6 @@ _TYPE_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
 _UNSUPPORTED: tuple[tuple[str, Any, str], ...] = (
     ("fp8_recipe", None, "FP8 training needs Transformer Engine, which optzoo does not use"),
     ("reuse_grad_buf_for_mxfp8_param_ag", False, "needs Megatron's DDP grad buffers and MXFP8"),
-    ("fp16", False, "mixed precision lands with issue #3"),
-    ("bf16", False, "mixed precision lands with issue #3"),
-    ("loss_scale", None, "loss scaling lands with mixed precision, issue #3"),
-    ("use_precision_aware_optimizer", False, "precision-aware state lands with issue #3"),
     ("use_distributed_optimizer", False, "sharded optimizer state lands with issue #5"),
     ("use_layer_wise_distributed_optimizer", False, "the layer-wise optimizer lands with issue #5"),
     ("overlap_param_gather", False, "needs Megatron's DDP parameter buffers"),

@@ -13,7 +13,8 @@ import torch
 from optimizers.registry import get_spec
 from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, ResolvedGroup, _jsonable, qualified_names, resolve_groups
-from optzoo.optimizer import ChainedOptimizer
+from optzoo.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer, MixedPrecisionOptimizer
+from optzoo.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
 from routing import ParamKey, Routing, named_trainable_parameters
 
 
@@ -33,6 +34,77 @@ def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing, num_chunk
     }
 
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def make_grad_scaler(config: OptimizerConfig, *, device: torch.device | None = None) -> MegatronGradScaler | None:
+    """Megatron-Core's choice: ``loss_scale`` -> constant; fp16 without it -> dynamic; else none.
+
+    Example:
+        >>> make_grad_scaler(OptimizerConfig(lr=1.0, fp16=True)).scale.item() == 2.0**32
+        True
+        >>> make_grad_scaler(OptimizerConfig(lr=1.0, bf16=True)) is None
+        True
+    """
+    if config.loss_scale is not None:
+        return ConstantGradScaler(config.loss_scale, device=device)
+    if config.fp16:
+        return DynamicGradScaler(
+            initial_scale=config.initial_loss_scale,
+            min_scale=config.min_loss_scale,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=int(config.loss_scale_window),
+            hysteresis=config.hysteresis,
+            device=device,
+        )
+    return None
+
+
+def _check_precision(config: OptimizerConfig, groups: list[ResolvedGroup]) -> None:
+    """Parameter dtypes must fit fp16/bf16; the precision-aware path is Adam-only."""
+    expected = torch.float16 if config.fp16 else torch.bfloat16 if config.bf16 else None
+    for group in groups:
+        if config.use_precision_aware_optimizer and group.optimizer != "adam":
+            raise ValueError(
+                f"`param group #{group.index}` ({group.param_names[0]}, ...): "
+                f"use_precision_aware_optimizer supports adam only; got optimizer {group.optimizer!r}; "
+                "expected 'adam' (route this group to adam, or turn the precision-aware optimizer off)"
+            )
+        for routed, name in zip(group.params, group.param_names):
+            dtype = routed.param.dtype
+            if dtype in _LOW_PRECISION and expected is not None and dtype != expected:
+                raise ValueError(
+                    f"`{name}`: parameter dtype does not match the config; got {dtype} with "
+                    f"{'fp16' if config.fp16 else 'bf16'}=True; expected {expected} or torch.float32"
+                )
+            if config.store_param_remainders and config.use_precision_aware_optimizer and dtype != torch.bfloat16:
+                raise ValueError(
+                    f"`{name}`: store_param_remainders needs bf16 parameters; got {dtype}; "
+                    "expected torch.bfloat16 (or store_param_remainders=False)"
+                )
+
+
+def _main_params(config: OptimizerConfig, groups: list[ResolvedGroup]) -> dict[int, torch.Tensor]:
+    """The tensor the inner optimizer steps for each model param (by ``id``).
+
+    fp32 copies of fp16/bf16 params under ``fp16``/``bf16``; the model param itself otherwise,
+    and under the precision-aware optimizer (which keeps its own master state).
+    """
+    copy_16bit = (config.fp16 or config.bf16) and not config.use_precision_aware_optimizer
+    mains: dict[int, torch.Tensor] = {}
+    for group in groups:
+        for routed in group.params:
+            param = routed.param
+            if copy_16bit and param.dtype in _LOW_PRECISION:
+                main = torch.nn.Parameter(param.detach().to(torch.float32), requires_grad=False)
+                main.__dict__.update(param.__dict__)  # keep routing attributes visible to algorithms
+                mains[id(param)] = main
+            else:
+                mains[id(param)] = param
+    return mains
+
+
 def get_optimizer(
     config: OptimizerConfig,
     model_chunks: Sequence[torch.nn.Module] | torch.nn.Module,
@@ -40,7 +112,8 @@ def get_optimizer(
     *,
     dump_param_to_param_group_map: str | os.PathLike[str] | None = None,
     strict: bool = False,
-) -> ChainedOptimizer:
+    params_have_main_grad: bool = False,
+) -> MixedPrecisionOptimizer:
     """Build one optimizer for every trainable parameter of ``model_chunks``.
 
     Args:
@@ -54,9 +127,13 @@ def get_optimizer(
         dump_param_to_param_group_map: Write ``{name: group index}`` and each group's resolved
             config to this JSON file.
         strict: A key that matches no parameter is an error instead of a warning.
+        params_have_main_grad: Gradients live in ``param.main_grad`` (a DDP-style fp32
+            buffer) instead of ``param.grad``.
 
     Returns:
-        A :class:`ChainedOptimizer`; ``step()`` returns ``(success, grad_norm, num_zeros)``.
+        A :class:`Float16OptimizerWithFloat16Params` when ``fp16``/``bf16`` (fp32 main copies of
+        16-bit params), else an :class:`FP32Optimizer`; ``step()`` returns
+        ``(success, grad_norm, num_zeros)`` and skips inf/NaN steps.
 
     Raises:
         ValueError: Conflicting overrides, bad override fields or values, ``lr`` unset, or a
@@ -77,7 +154,9 @@ def get_optimizer(
         )
     groups, routing = resolve_groups(config, chunks, config_overrides, strict=strict)
 
-    torch_groups = [group.torch_param_group() for group in groups]
+    _check_precision(config, groups)
+    mains = _main_params(config, groups)
+    torch_groups = [group.torch_param_group([mains[id(r.param)] for r in group.params]) for group in groups]
     # One inner optimizer per algorithm and instance-level setting, in order of first use.
     instances: dict[tuple[Any, ...], list[int]] = {}
     for group in groups:
@@ -96,7 +175,18 @@ def get_optimizer(
         for routed in group.params
         if len(names := qualified_names(routed, len(chunks))) > 1
     }
-    optimizer = ChainedOptimizer(inner, torch_groups, config=config, aliases=aliases)
+    wrapper = Float16OptimizerWithFloat16Params if config.fp16 or config.bf16 else FP32Optimizer
+    precision_aware = config.use_precision_aware_optimizer
+    optimizer = wrapper(
+        inner,
+        torch_groups,
+        model_params=[[r.param for r in group.params] for group in groups],
+        config=config,
+        grad_scaler=make_grad_scaler(config, device=groups[0].params[0].param.device),
+        params_have_main_grad=params_have_main_grad,
+        decoupled_grad_dtype=config.main_grads_dtype if precision_aware else None,
+        aliases=aliases,
+    )
 
     if dump_param_to_param_group_map is not None:
         path = Path(dump_param_to_param_group_map)

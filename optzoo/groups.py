@@ -108,12 +108,17 @@ class ResolvedGroup:
     def optimizer(self) -> str:
         return self.config.optimizer
 
-    def torch_param_group(self) -> dict[str, Any]:
-        """The dict handed to the torch optimizer: hyperparameters plus schedule metadata."""
+    def torch_param_group(self, params: list[torch.Tensor] | None = None) -> dict[str, Any]:
+        """The dict handed to the torch optimizer: hyperparameters plus schedule metadata.
+
+        Args:
+            params: The tensors to step (main params), parallel to ``self.params``; default
+                the model params themselves.
+        """
         spec = get_spec(self.optimizer)
         values = {name: getattr(self.config, name) for name in spec.config_fields}
         return {
-            "params": [routed.param for routed in self.params],
+            "params": params if params is not None else [routed.param for routed in self.params],
             "param_names": list(self.param_names),
             "lr": self.lr,
             "weight_decay": self.weight_decay,

@@ -1,8 +1,14 @@
-"""``ChainedOptimizer``: one ``torch.optim.Optimizer`` over every algorithm the routing chose.
+"""The optimizer ``get_optimizer`` returns: one ``torch.optim.Optimizer`` over every algorithm.
 
-Each algorithm keeps its own torch optimizer over its groups; this object owns the very same
+Each algorithm keeps its own torch optimizer over its groups; the wrapper owns the very same
 group dicts (in routing order) and one shared ``state`` mapping, so schedulers, ``zero_grad``
-and checkpointing see a single optimizer. The step clips by the global gradient norm first.
+and checkpointing see a single optimizer. The inner optimizers step *main* parameters: the model
+parameters themselves (:class:`FP32Optimizer`), or fp32 copies of fp16/bf16 model parameters
+(:class:`Float16OptimizerWithFloat16Params`), as in Megatron-Core's ``MixedPrecisionOptimizer``.
+
+One step: model grads -> main grads; unscale and detect inf/NaN in one foreach pass; the
+scaler sees the result; on inf/NaN return ``(False, None, None)`` with parameters and state
+untouched; else global-norm clip, zero count, inner steps, main params -> model params.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import torch
 
 from optzoo.config import OptimizerConfig
+from optzoo.scalers import MegatronGradScaler
 
 StepResult = tuple[bool, float | None, int | None]
 """``(update_successful, grad_norm, num_zeros_in_grad)``, as Megatron-Core's ``step``."""
@@ -27,17 +34,24 @@ def _shorten(items: Sequence[str], limit: int = 10) -> str:
     return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
-class ChainedOptimizer(torch.optim.Optimizer):
-    """Several torch optimizers behind one ``torch.optim.Optimizer`` face.
+class MixedPrecisionOptimizer(torch.optim.Optimizer):
+    """Several torch optimizers over main parameters, behind one ``torch.optim.Optimizer`` face.
 
-    Built by :func:`optzoo.get_optimizer`; ``param_groups`` are the real groups (a scheduler
-    that edits ``group["lr"]`` edits what the inner optimizer reads), ``state`` is shared, and
+    Built by :func:`optzoo.get_optimizer`; ``param_groups`` are the inner optimizers' real
+    groups (holding the main parameters), ``state`` is shared by all of them, and
     ``state_dict`` is keyed by parameter names.
 
     Args:
         optimizers: The inner optimizers; their groups must together be ``param_groups``.
         param_groups: The same group dicts, in routing order; each has ``param_names``.
+        model_params: The model parameter behind each main parameter, group by group (the
+            same tensor where the main parameter is the model parameter).
         config: The model-wide config (clipping, zero counting, timers).
+        grad_scaler: The loss scaler shared by every inner optimizer, or ``None`` (scale 1).
+        params_have_main_grad: Read gradients from ``param.main_grad`` (a DDP-style fp32
+            buffer) instead of ``param.grad``.
+        decoupled_grad_dtype: When set, main grads go to ``main_param.decoupled_grad`` in this
+            dtype (the precision-aware optimizer reads them there) instead of ``.grad``.
         aliases: Extra names of tied parameters: ``{primary name: (all names)}``.
     """
 
@@ -46,27 +60,62 @@ class ChainedOptimizer(torch.optim.Optimizer):
         optimizers: Sequence[torch.optim.Optimizer],
         param_groups: list[dict[str, Any]],
         *,
+        model_params: Sequence[Sequence[torch.Tensor]],
         config: OptimizerConfig,
+        grad_scaler: MegatronGradScaler | None = None,
+        params_have_main_grad: bool = False,
+        decoupled_grad_dtype: torch.dtype | None = None,
         aliases: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         inner_ids = sorted(id(g) for opt in optimizers for g in opt.param_groups)
         assert inner_ids == sorted(id(g) for g in param_groups), "groups must be the inner ones"
         self.optimizers = list(optimizers)
         self.config = config
+        self.grad_scaler = grad_scaler
+        self.params_have_main_grad = params_have_main_grad
+        self.decoupled_grad_dtype = decoupled_grad_dtype
         self.aliases = dict(aliases or {})
         self._building = True
         super().__init__(param_groups, defaults={})
         self._building = False
+        self._model_params = [list(models) for models in model_params]
+        for group, models in zip(self.param_groups, self._model_params):
+            assert len(group["params"]) == len(models), "one model param per main param"
         for opt in self.optimizers:
             opt.state = self.state  # params are disjoint, so one mapping serves every optimizer
+        device = self.param_groups[0]["params"][0].device
+        self._one = torch.ones(1, dtype=torch.float32, device=device)
+        self._found_inf = torch.zeros(1, dtype=torch.float32, device=device)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if not self._building:
             raise TypeError(
-                "`ChainedOptimizer.add_param_group`: groups are fixed by routing; got a new group; "
+                f"`{type(self).__name__}.add_param_group`: groups are fixed by routing; got a new group; "
                 "expected get_optimizer(...) to be called again with the new parameters"
             )
         super().add_param_group(param_group)
+
+    # ---- loss scale ----------------------------------------------------------------------
+
+    def get_loss_scale(self) -> torch.Tensor:
+        """The current loss scale (a 1-element float32 tensor; 1 without a scaler)."""
+        return self.grad_scaler.scale if self.grad_scaler is not None else self._one
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * loss_scale``: call ``.backward()`` on this under fp16."""
+        return loss * self.get_loss_scale()
+
+    def _pairs(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+        """``(name, model param, main param)`` for every parameter, group by group."""
+        for group, models in zip(self.param_groups, self._model_params):
+            yield from zip(group["param_names"], models, group["params"])
+
+    @torch.no_grad()
+    def reload_model_params(self) -> None:
+        """Refresh the main params from the model (after loading weights without the optimizer)."""
+        for _, model, main in self._pairs():
+            if main is not model:
+                main.copy_(model)
 
     # ---- step ----------------------------------------------------------------------------
 
@@ -83,55 +132,127 @@ class ChainedOptimizer(torch.optim.Optimizer):
         finally:
             timer.stop()
 
-    def _grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        params, grads = [], []
-        for group in self.param_groups:
-            for name, param in zip(group["param_names"], group["params"]):
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise ValueError(
-                        f"`{name}`: sparse gradients are not supported; got a sparse "
-                        f"{param.grad.layout} gradient; expected a dense gradient"
-                    )
-                params.append(param)
-                grads.append(param.grad)
-        return params, grads
+    def _model_grad(self, name: str, model: torch.Tensor) -> torch.Tensor | None:
+        if self.params_have_main_grad:
+            grad = getattr(model, "main_grad", None)
+            if grad is None:
+                raise ValueError(
+                    f"`{name}`: params_have_main_grad=True but the parameter has no main_grad; "
+                    "got None; expected a main_grad buffer on every trainable parameter"
+                )
+        else:
+            grad = model.grad
+        if grad is not None and grad.is_sparse:
+            raise ValueError(
+                f"`{name}`: sparse gradients are not supported; got a sparse {grad.layout} "
+                "gradient; expected a dense gradient"
+            )
+        return grad
+
+    def _copy_model_grads_to_main_grads(self) -> list[torch.Tensor]:
+        """Put each gradient where the inner optimizer reads it; returns the main grads.
+
+        Checked for every parameter before any is touched, so a bad gradient changes nothing.
+        """
+        pairs = [(model, main, self._model_grad(name, model)) for name, model, main in self._pairs()]
+        main_grads = []
+        for model, main, grad in pairs:
+            if grad is None:
+                if self.decoupled_grad_dtype is not None:
+                    main.decoupled_grad = None
+                continue
+            if self.decoupled_grad_dtype is not None:
+                main.decoupled_grad = grad.to(self.decoupled_grad_dtype, copy=True)
+                main_grads.append(main.decoupled_grad)
+                model.grad = None
+            elif main is model:
+                main.grad = grad  # fp32: in place (main_grad is aliased, as Megatron does)
+                main_grads.append(grad)
+            else:
+                main.grad = grad.float()
+                main_grads.append(main.grad)
+                model.grad = None  # the low-precision copy is no longer needed
+        return main_grads
+
+    def _unscale_and_check(self, grads: list[torch.Tensor]) -> bool:
+        """Multiply by ``inv_scale`` and find inf/NaN in one foreach pass; all ranks agree."""
+        self._found_inf.zero_()
+        inv_scale = self.grad_scaler.inv_scale if self.grad_scaler is not None else self._one
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for same_dtype in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, self._found_inf, inv_scale)
+        return bool(self._found_inf.item() > 0)
+
+    def _clip(self, grads: list[torch.Tensor]) -> float:
+        """Global L2 norm; scale by ``clip_grad / (norm + 1e-6)`` when that is below 1 (Megatron)."""
+        total = torch.nn.utils.get_total_norm(grads, foreach=True)
+        coefficient = torch.clamp(self.config.clip_grad / (total + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, coefficient.to(grads[0].device) if grads else coefficient)
+        return float(total)
+
+    @torch.no_grad()
+    def _copy_main_params_to_model_params(self) -> None:
+        for _, model, main in self._pairs():
+            if main is not model:
+                model.copy_(main)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
-        """Clip by the global norm, then step every inner optimizer.
+        """One optimizer step; skipped (nothing changes) when a gradient is inf or NaN.
 
         Args:
             closure: Optional; re-evaluates the model (run with gradients enabled first).
 
         Returns:
-            ``(True, grad_norm, num_zeros_in_grad)``: the norm is computed when
-            ``clip_grad > 0`` (else ``None``), zeros are counted when ``log_num_zeros_in_grad``.
+            ``(update_successful, grad_norm, num_zeros_in_grad)``: ``(False, None, None)`` on a
+            skipped step; the norm is computed when ``clip_grad > 0`` (else ``None``), zeros are
+            counted when ``log_num_zeros_in_grad`` (else ``None``).
 
         Raises:
-            ValueError: A gradient is sparse (checked before anything changes).
+            ValueError: A gradient is sparse, or missing ``main_grad`` (nothing changes).
         """
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        params, grads = self._grads()
+        with self._timed("optimizer-copy-to-main-grad"):
+            grads = self._copy_model_grads_to_main_grads()
+        with self._timed("optimizer-unscale-and-check-inf"):
+            found_inf = self._unscale_and_check(grads)
+        if self.grad_scaler is not None:
+            self.grad_scaler.update(found_inf)
+        if found_inf:
+            return False, None, None
         grad_norm: float | None = None
-        if self.config.clip_grad > 0.0:
+        if self.config.clip_grad > 0.0 and grads:
             with self._timed("optimizer-clip-main-grad"):
-                # Same coefficient as Megatron-Core: clip_grad / (norm + 1e-6), applied when < 1.
-                norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad, foreach=True)
-                grad_norm = float(norm)
+                grad_norm = self._clip(grads)
         num_zeros: int | None = None
         if self.config.log_num_zeros_in_grad:
             with self._timed("optimizer-count-zeros"):
-                num_zeros = int(sum(g.numel() for g in grads)) - int(
+                num_zeros = sum(g.numel() for g in grads) - int(
                     sum(torch.count_nonzero(g) for g in grads) if grads else 0
                 )
         with self._timed("optimizer-inner-step"):
             for opt in self.optimizers:
                 opt.step()
+        with self._timed("optimizer-copy-main-to-model-params"):
+            self._copy_main_params_to_model_params()
         return True, grad_norm, num_zeros
+
+    @torch.no_grad()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear model grads and main grads (and ``main_grad`` buffers)."""
+        super().zero_grad(set_to_none)
+        for _, model, main in self._pairs():
+            if model is not main:
+                model.grad = None if set_to_none else (model.grad.zero_() if model.grad is not None else None)
+            if self.params_have_main_grad and getattr(model, "main_grad", None) is not None:
+                model.main_grad.zero_()
+            if self.decoupled_grad_dtype is not None:
+                main.decoupled_grad = None
+
 
     # ---- state dict ----------------------------------------------------------------------
 
@@ -146,7 +267,14 @@ class ChainedOptimizer(torch.optim.Optimizer):
             for name, param in zip(group["param_names"], group["params"]):
                 if self.state.get(param):
                     state[name] = self.state[param]
-        return {"format": STATE_DICT_FORMAT, "state": state, "param_groups": groups}
+        return {
+            "format": STATE_DICT_FORMAT,
+            "state": state,
+            "param_groups": groups,
+            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            # fp32 main copies of 16-bit params: the model's bf16/fp16 weights cannot restore them.
+            "main_params": {name: main for name, model, main in self._pairs() if main is not model},
+        }
 
     def _name_index(self) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, int]]:
         params: dict[str, torch.Tensor] = {}
@@ -170,8 +298,8 @@ class ChainedOptimizer(torch.optim.Optimizer):
         if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_DICT_FORMAT:
             got = state_dict.get("format") if isinstance(state_dict, Mapping) else type(state_dict).__name__
             raise ValueError(
-                f"`state_dict`: not an optzoo ChainedOptimizer state dict; got format {got!r}; "
-                f"expected {STATE_DICT_FORMAT!r} (from ChainedOptimizer.state_dict())"
+                f"`state_dict`: not an optzoo optimizer state dict; got format {got!r}; "
+                f"expected {STATE_DICT_FORMAT!r} (from get_optimizer(...).state_dict())"
             )
         params, canonical, group_of = self._name_index()
 
@@ -219,22 +347,58 @@ class ChainedOptimizer(torch.optim.Optimizer):
             group = self.param_groups[group_of[primary]]
             new_state[param] = {key: _load_value(param, key, v, group) for key, v in values.items()}
 
+        main_of = {name: main for name, model, main in self._pairs() if main is not model}
+        saved_mains = {resolve(n) or n: v for n, v in (state_dict.get("main_params") or {}).items()}
+        if set(saved_mains) != set(main_of):
+            raise ValueError(
+                "`state_dict`: fp32 main params do not match this optimizer's; got "
+                f"[{_shorten(sorted(saved_mains))}]; expected [{_shorten(sorted(main_of))}] "
+                "(was the checkpoint saved with another fp16/bf16 setting?)"
+            )
+        scaler_state = state_dict.get("grad_scaler")
+        if (scaler_state is None) != (self.grad_scaler is None):
+            raise ValueError(
+                f"`state_dict`: grad scaler state is {'absent' if scaler_state is None else 'present'}; "
+                f"got {scaler_state!r}; expected {'one' if self.grad_scaler is not None else 'none'} "
+                "(was the checkpoint saved with another fp16/bf16/loss_scale setting?)"
+            )
+
         for group, saved in matched:
             for key, value in saved.items():
                 if key not in ("params", "param_names"):
                     group[key] = copy.deepcopy(value)
         self.state.clear()
         self.state.update(new_state)
+        with torch.no_grad():
+            for name, main in main_of.items():
+                main.copy_(saved_mains[name])
+        if self.grad_scaler is not None and scaler_state is not None:
+            self.grad_scaler.load_state_dict(scaler_state)
+
+
+class FP32Optimizer(MixedPrecisionOptimizer):
+    """fp32 model: the main params are the model params (Megatron-Core's ``FP32Optimizer``).
+
+    Unlike Megatron-Core, inf/NaN gradients are still detected and the step skipped.
+    """
+
+
+class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
+    """fp16 or bf16 model: the inner optimizers step fp32 main copies of the 16-bit params."""
+
+
+ChainedOptimizer = MixedPrecisionOptimizer
+"""What :func:`get_optimizer` returns, whatever the precision (the base of both wrappers)."""
 
 
 def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:
-    """Copy one state entry onto ``param``'s device, as torch's own ``load_state_dict`` casts."""
+    """Copy one state entry onto ``param``'s device (``step`` placed as torch places it)."""
     if not isinstance(value, torch.Tensor):
         return copy.deepcopy(value)
     if key == "step":
         if group.get("fused") or group.get("capturable"):
             return value.to(dtype=torch.float32, device=param.device, copy=True)
         return value.clone()
-    if value.is_floating_point():
-        return value.to(dtype=param.dtype, device=param.device, copy=True)
+    # Kept in its saved dtype: precision-aware state (bf16 moments, int16 remainders) differs
+    # from the parameter's dtype on purpose.
     return value.to(device=param.device, copy=True)

@@ -682,10 +682,10 @@ def test_strict_with_a_rule_that_matches_nothing(capsys: pytest.CaptureFixture[s
 
 
 def test_unsupported_config_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "bf16.toml", "[config]\nlr = 1e-3\nbf16 = true\n")
+    config = write_file(tmp_path, "graph.toml", "[config]\nlr = 1e-3\noptimizer_cuda_graph = true\n")
     line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert line == ("optzoo: error: `OptimizerConfig.bf16`: not supported: mixed precision lands with issue #3; "
-                    "got True; expected False")  # fmt: skip
+    assert line == ("optzoo: error: `OptimizerConfig.optimizer_cuda_graph`: not supported: CUDA-graph capture "
+                    "of the step is not implemented; got True; expected False")  # fmt: skip
 
 
 def test_config_without_lr(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -180,7 +180,7 @@ def test_config_logger_dir_writes_the_config(gpt: torch.nn.Module, tmp_path: Pat
 
 def test_add_param_group_is_refused(gpt: torch.nn.Module) -> None:
     opt = get_optimizer(BASE, gpt)
-    with pytest.raises(TypeError, match=r"`ChainedOptimizer.add_param_group`: groups are fixed by routing"):
+    with pytest.raises(TypeError, match=r"`FP32Optimizer.add_param_group`: groups are fixed by routing"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
 
 

@@ -128,7 +128,7 @@ def _snapshot(opt: torch.optim.Optimizer) -> tuple[list[dict[str, object]], dict
          r"names only in the checkpoint: \[\]; expected also: \[decoder.layers.0.mlp.linear_fc1.weight\]"),
         (lambda s: s["param_groups"][0].__setitem__("optimizer", "sgd"),
          r"`state_dict`: param group #0 \(embedding.position_embeddings.weight, ...\) uses optimizer 'adam'; got 'sgd' in the checkpoint"),
-        (lambda s: s.__setitem__("format", "torch"), r"`state_dict`: not an optzoo ChainedOptimizer state dict; got format 'torch'"),
+        (lambda s: s.__setitem__("format", "torch"), r"`state_dict`: not an optzoo optimizer state dict; got format 'torch'"),
     ],
 )
 def test_mismatched_checkpoints_raise_and_change_nothing(gpt: torch.nn.Module, mutate: object, pattern: str) -> None:

@@ -1,0 +1,469 @@
+"""Precision-aware Adam(W): fp32 math over master weights, bf16 remainders and low-precision moments.
+
+Megatron-Core's ``use_precision_aware_optimizer`` hands these options to Transformer Engine's
+``FusedAdam``. This module is our own device-agnostic torch version of that optimizer: the
+storage policy (which dtype holds what) is TE's, the arithmetic is ``torch.optim.Adam(W)``'s.
+
+The bf16 + remainder encoding (``store_param_remainders``) stores an fp32 master as the bf16
+model param plus an int16 holding the master's low 16 bits. Cutting the fp32 bit pattern into
+halves and rounding the high half up in magnitude whenever the low half is at least ``0x8000``
+keeps every low half inside int16 and makes the round trip exact: 2 bytes of master state per
+parameter instead of 4, for no loss in the master.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, overload, override
+
+import torch
+from torch.optim.optimizer import ParamsT, StateDict
+
+MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+"""Dtypes ``exp_avg`` and ``exp_avg_sq`` may be stored in (TE also offers fp8, which we lack)."""
+MASTER_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+"""Dtypes a full master copy may be stored in."""
+PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""Param dtypes the optimizer takes; float64 params are computed in float64, the rest in float32."""
+
+
+def split_fp32(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut fp32 values into a bf16 high half (rounded half up in magnitude) and an int16 remainder.
+
+    The remainder is the low 16 bits read as a signed int16. Where it is negative (low bits
+    ``>= 0x8000``) the high half is incremented by one, which, IEEE floats being sign-magnitude,
+    moves it one bf16 ulp away from zero: round to nearest with ties away from zero. This is
+    TE's ``multi_tensor_adam_param_remainder`` rule; :func:`join_bf16_remainder` undoes it exactly.
+
+    Edge cases, all pinned by tests: the largest finite fp32 values (``|x| >= 0x7F7F8000`` as bits,
+    halfway past the largest bf16) get an infinite high half while the pair still joins back to
+    the finite master. A NaN whose high half is ``0x7FFF`` or ``0xFFFF`` with low bits
+    ``>= 0x8000`` wraps (as in TE's int16 arithmetic) to a high half of ``-0.0`` or ``+0.0``;
+    the pair still joins back to the NaN. Arithmetic NaNs (``0x7FC00000``, ``0xFFC00000``) have
+    zero low bits and keep a NaN high half.
+
+    Args:
+        master: float32 values, any shape.
+
+    Returns:
+        ``(high, remainder)``: bfloat16 and int16 tensors of ``master``'s shape.
+
+    Raises:
+        TypeError: ``master`` is not float32.
+
+    Example:
+        >>> high, remainder = split_fp32(torch.tensor([1.0, -2.5]))
+        >>> high.tolist(), remainder.tolist()
+        ([1.0, -2.5], [0, 0])
+        >>> bits = torch.tensor([0x3F808000], dtype=torch.int32)  # 1.0 + 2**-8, a bf16 tie
+        >>> high, remainder = split_fp32(bits.view(torch.float32))
+        >>> high.item(), remainder.item()  # rounded up (torch's .to(bfloat16) gives the even 1.0)
+        (1.0078125, -32768)
+    """
+    if master.dtype != torch.float32:
+        raise TypeError(f"`master`: split_fp32 cuts float32 bit patterns; got {master.dtype}; expected torch.float32")
+    bits = master.view(torch.int32)
+    # Converting int32 to int16 keeps the low 16 bits (two's complement), i.e. the signed remainder.
+    remainder = bits.to(torch.int16)
+    # `bits >> 16` is arithmetic: the high half, sign-extended, in [-2**15, 2**15). Adding the
+    # carry cannot overflow int32; it reaches 2**15 only for the NaNs above, where .to wraps.
+    high = ((bits >> 16) + (remainder < 0)).to(torch.int16)
+    return high.view(torch.bfloat16), remainder
+
+
+def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
+    """The fp32 values that :func:`split_fp32` cut into ``(high, remainder)``: exact inverse.
+
+    ``bits = (high << 16) + remainder`` with both halves sign-extended: adding a negative
+    remainder borrows the one that the split carried into the high half.
+
+    Args:
+        high: bfloat16 high halves (the model params when remainders are stored).
+        remainder: int16 remainders, same shape.
+
+    Returns:
+        A new float32 tensor.
+
+    Raises:
+        TypeError: a dtype is not bfloat16 / int16.
+        ValueError: the shapes differ.
+
+    Example:
+        >>> master = torch.tensor([3.14159265, -1e-30, 3.0e38])
+        >>> torch.equal(join_bf16_remainder(*split_fp32(master)), master)
+        True
+    """
+    if high.dtype != torch.bfloat16 or remainder.dtype != torch.int16:
+        raise TypeError(
+            f"`high, remainder`: join_bf16_remainder takes the halves split_fp32 returns; "
+            f"got ({high.dtype}, {remainder.dtype}); expected (torch.bfloat16, torch.int16)"
+        )
+    if high.shape != remainder.shape:
+        raise ValueError(
+            f"`remainder`: shape differs from the high half's; got {tuple(remainder.shape)}; "
+            f"expected {tuple(high.shape)}"
+        )
+    # high << 16 lies in [-2**31, 2**31 - 2**16]; the sum overflows int32 only for the wrapped
+    # NaNs documented in split_fp32, where two's complement wrap-around restores their bits.
+    bits = (high.view(torch.int16).to(torch.int32) << 16) + remainder
+    return bits.view(torch.float32)
+
+
+def round_half_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 to bf16, to nearest with ties away from zero: the high half :func:`split_fp32` keeps.
+
+    It equals torch's ``x.to(torch.bfloat16)`` (ties to even) except on exact ties (low 16 bits
+    ``== 0x8000``) whose truncated high half is even: there it is one bf16 ulp further from zero.
+
+    Example:
+        >>> tie = torch.tensor([0x3F808000], dtype=torch.int32).view(torch.float32)
+        >>> round_half_up_to_bf16(tie).item(), tie.to(torch.bfloat16).item()
+        (1.0078125, 1.0)
+    """
+    return split_fp32(x)[0]
+
+
+def adam_update_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    step: float,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled_weight_decay: bool,
+) -> None:
+    """One Adam(W) step in place on same-dtype tensors; ``grad`` is read, never written.
+
+    The operations and their order are those of torch's ``_single_tensor_adam`` (non-capturable,
+    torch 2.14), so float32 inputs give torch.optim.AdamW(foreach=False)'s bits.
+
+    Args:
+        param: the values to update (the master weights).
+        grad: the gradient.
+        exp_avg: first moment, updated.
+        exp_avg_sq: second moment, updated.
+        step: the step number after increment (1 on the first step).
+        lr, beta1, beta2, eps, weight_decay: the group's hyperparameters.
+        decoupled_weight_decay: AdamW's ``p *= 1 - lr * wd`` if True, else L2 (``g += wd * p``).
+    """
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            param.mul_(1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    step_size = lr / bias_correction1
+    denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def _check_dtype(name: str, dtype: object, allowed: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`{name}`: must be a torch.dtype; got {dtype!r}; expected one of {allowed}")
+    if dtype not in allowed:
+        raise ValueError(f"`{name}`: unsupported dtype; got {dtype}; expected one of {allowed}")
+
+
+def _where(group: dict[str, Any], group_index: int, param_index: int) -> str:
+    """``param group #g, param #i`` plus the param's name where the group carries names."""
+    names = group.get("param_names")
+    named = f" (`{names[param_index]}`)" if names else ""
+    return f"param group #{group_index}, param #{param_index}{named}"
+
+
+def _store(destination: torch.Tensor, value: torch.Tensor) -> None:
+    """Write ``value`` into ``destination`` (rounding to nearest even) unless it already is it."""
+    if value is not destination:
+        destination.copy_(value)
+
+
+class PrecisionAwareAdam(torch.optim.Optimizer):
+    r"""Adam(W) with Transformer Engine ``FusedAdam``'s storage options, computed in fp32.
+
+    Update, per element, with the step's master weight :math:`w` (fp32) and gradient :math:`g`:
+
+    .. math::
+        w &\leftarrow w (1 - \eta \lambda) \quad\text{(decoupled) or}\quad g \leftarrow g + \lambda w \quad\text{(L2)} \\
+        m &\leftarrow \beta_1 m + (1 - \beta_1) g, \qquad v \leftarrow \beta_2 v + (1 - \beta_2) g^2 \\
+        w &\leftarrow w - \frac{\eta}{1 - \beta_1^t} \frac{m}{\sqrt{v} / \sqrt{1 - \beta_2^t} + \epsilon}
+
+    (Kingma & Ba, 2015; Loshchilov & Hutter, 2019). Each step reads the gradient (``p.grad``, or
+    ``p.decoupled_grad`` with ``use_decoupled_grad``: any float dtype), upcasts it and the moments
+    to fp32, rebuilds the fp32 master (the param itself, ``state["master_param"]``, or the bf16
+    param joined with its int16 remainder), updates, and writes everything back to its storage
+    dtype: moments and masters with round-to-nearest-even, the model param with
+    round-to-nearest-even from the master, or with remainders as :func:`split_fp32`'s high half.
+
+    Reference implementation: TE ``FusedAdam``,
+    https://github.com/NVIDIA/TransformerEngine/blob/04912bf024514826f31cc02485d396974af68516/transformer_engine/pytorch/optimizers/fused_adam.py
+    and its remainder kernel,
+    https://github.com/NVIDIA/TransformerEngine/blob/c250752ab27c9d84da0334022b05717792b4d730/transformer_engine/common/multi_tensor/adam.cu
+
+    Deviations from TE:
+        * Arithmetic follows torch's single-tensor Adam (same bits as ``torch.optim.AdamW``), not
+          TE's kernel, which divides ``m`` and ``v`` by their bias corrections first.
+        * fp16 moments and masters are stored with a plain cast: TE keeps a per-tensor fp32 scale
+          for them. Plain fp16 ``exp_avg_sq`` overflows for ``|g| > 255`` and flushes squares
+          below ~6e-8 to zero; prefer bf16 moments. fp8 (``torch.uint8``) state is not offered.
+        * ``master_weight_dtype`` may be bfloat16 (TE: fp32 or fp16).
+        * Options that cannot take effect raise instead of being ignored (TE silently drops
+          ``store_param_remainders`` without fp32 masters or for non-bf16 params).
+        * ``step`` is counted per parameter, as in torch, not per group.
+        * float64 params are computed in float64 (TE rejects them).
+        * ``state_dict()`` keeps the stored dtypes (TE upcasts to fp32); ``load_state_dict``
+          casts moments to this optimizer's dtypes and requires the same master representation.
+
+    Args:
+        params: params or param groups, as for any torch optimizer.
+        lr: learning rate :math:`\eta`. Default 1e-3, torch's.
+        betas: :math:`(\beta_1, \beta_2)`, each in [0, 1). Default (0.9, 0.999), torch's.
+        eps: :math:`\epsilon`, added to the bias-corrected :math:`\sqrt{v}`. Default 1e-8.
+        weight_decay: :math:`\lambda` >= 0. Default 0.
+        decoupled_weight_decay: AdamW (True, the default, as in Megatron) or L2 (False).
+        master_weights: keep a master copy in ``state["master_param"]``. Default False.
+        master_weight_dtype: that copy's dtype: float32 (default), bfloat16 or float16.
+        store_param_remainders: with bf16 params and fp32 masters, store only the master's
+            low 16 bits (int16); the bf16 param holds the rounded high half. Default False.
+        exp_avg_dtype: storage dtype of ``exp_avg``: float32 (default), bfloat16 or float16.
+        exp_avg_sq_dtype: storage dtype of ``exp_avg_sq``, same choices.
+        use_decoupled_grad: read ``p.decoupled_grad`` instead of ``p.grad`` (Megatron sets it when
+            the grad dtype differs from the param's). Default False.
+
+    Raises:
+        TypeError: a dtype argument is not a ``torch.dtype``, or a param's dtype is unsupported.
+        ValueError: a hyperparameter is out of range, an option cannot take effect, or (during
+            ``step``) a gradient is sparse or misshapen.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+        >>> opt = PrecisionAwareAdam([w], lr=0.1, master_weights=True, store_param_remainders=True)
+        >>> w.grad = torch.ones_like(w)
+        >>> opt.step()
+        >>> w.tolist(), opt.state[w]["master_param"].dtype
+        ([0.8984375, 0.8984375, 0.8984375], torch.int16)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled_weight_decay: bool = True,
+        master_weights: bool = False,
+        master_weight_dtype: torch.dtype = torch.float32,
+        store_param_remainders: bool = False,
+        exp_avg_dtype: torch.dtype = torch.float32,
+        exp_avg_sq_dtype: torch.dtype = torch.float32,
+        use_decoupled_grad: bool = False,
+    ) -> None:
+        _check_dtype("exp_avg_dtype", exp_avg_dtype, MOMENT_DTYPES)
+        _check_dtype("exp_avg_sq_dtype", exp_avg_sq_dtype, MOMENT_DTYPES)
+        _check_dtype("master_weight_dtype", master_weight_dtype, MASTER_DTYPES)
+        if not master_weights and master_weight_dtype != torch.float32:
+            raise ValueError(
+                f"`master_weight_dtype`: takes effect only with master_weights=True; got {master_weight_dtype} "
+                "with master_weights=False; expected torch.float32 (the default) or master_weights=True"
+            )
+        if store_param_remainders and not master_weights:
+            raise ValueError(
+                "`store_param_remainders`: remainders complete an fp32 master, so they need master weights; "
+                "got master_weights=False; expected master_weights=True or store_param_remainders=False"
+            )
+        if store_param_remainders and master_weight_dtype != torch.float32:
+            raise ValueError(
+                "`store_param_remainders`: bf16 param + int16 remainder rebuild an fp32 master only; "
+                f"got master_weight_dtype={master_weight_dtype}; expected torch.float32"
+            )
+        # Set before super().__init__, which calls add_param_group (and so _check_group).
+        self.master_weights = master_weights
+        self.master_weight_dtype = master_weight_dtype
+        self.store_param_remainders = store_param_remainders
+        self.exp_avg_dtype = exp_avg_dtype
+        self.exp_avg_sq_dtype = exp_avg_sq_dtype
+        self.use_decoupled_grad = use_decoupled_grad
+        defaults = {
+            "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+            "decoupled_weight_decay": decoupled_weight_decay,
+        }
+        super().__init__(params, defaults)
+
+    @override
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, then this optimizer's checks on the completed group."""
+        super().add_param_group(param_group)
+        try:
+            self._check_group(self.param_groups[-1], len(self.param_groups) - 1)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+
+    def _check_group(self, group: dict[str, Any], index: int) -> None:
+        where = f"param group #{index}"
+        for name in ("lr", "eps", "weight_decay"):
+            if not group[name] >= 0:
+                raise ValueError(f"{where}: `{name}`: must be non-negative; got {group[name]}; expected {name} >= 0")
+        betas = group["betas"]
+        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"{where}: `betas`: each must lie in [0, 1); got {betas}; expected (beta1, beta2) in [0, 1)")
+        for i, param in enumerate(group["params"]):
+            if param.dtype not in PARAM_DTYPES:
+                raise TypeError(f"{_where(group, index, i)}: dtype not supported; got {param.dtype}; expected one of {PARAM_DTYPES}")
+            if self.store_param_remainders and param.dtype != torch.bfloat16:
+                raise ValueError(
+                    f"{_where(group, index, i)}: `store_param_remainders` needs bf16 params (they hold the "
+                    f"master's high half); got {param.dtype}; expected torch.bfloat16"
+                )
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    @override
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every param that has a gradient; ``closure`` re-evaluates the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for group_index, group in enumerate(self.param_groups):
+                for param_index, param in enumerate(group["params"]):
+                    self._step_param(param, group, group_index, param_index)
+        return loss
+
+    def _step_param(self, param: torch.Tensor, group: dict[str, Any], group_index: int, param_index: int) -> None:
+        grad: torch.Tensor | None = getattr(param, "decoupled_grad", None) if self.use_decoupled_grad else param.grad
+        if grad is None:
+            return
+        self._check_step_inputs(param, grad, _where(group, group_index, param_index))
+        state = self.state[param]
+        if not state:
+            self._init_state(param, state)
+        # float64 params keep float64 math; everything else is computed in float32, as in TE.
+        compute = torch.float64 if param.dtype == torch.float64 else torch.float32
+        master = self._read_master(param, state, compute)
+        exp_avg = state["exp_avg"].to(compute)  # .to returns the tensor itself when no cast is needed
+        exp_avg_sq = state["exp_avg_sq"].to(compute)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        adam_update_(
+            master, grad.to(compute), exp_avg, exp_avg_sq, step=state["step"].item(), lr=float(group["lr"]),
+            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+        )
+        _store(state["exp_avg"], exp_avg)
+        _store(state["exp_avg_sq"], exp_avg_sq)
+        self._write_master(param, state, master)
+
+    def _check_step_inputs(self, param: torch.Tensor, grad: torch.Tensor, where: str) -> None:
+        source = "decoupled_grad" if self.use_decoupled_grad else "grad"
+        if grad.is_sparse:
+            raise ValueError(f"{where}: `{source}` is sparse, which Adam does not support; got {grad.layout}; expected torch.strided")
+        if not torch.is_floating_point(grad):
+            raise TypeError(f"{where}: `{source}` must be floating point; got {grad.dtype}; expected a float dtype")
+        if grad.shape != param.shape:
+            raise ValueError(f"{where}: `{source}` shape differs from the param's; got {tuple(grad.shape)}; expected {tuple(param.shape)}")
+        if self.store_param_remainders and param.dtype != torch.bfloat16:  # the param was cast after construction
+            raise ValueError(
+                f"{where}: `store_param_remainders` needs bf16 params; got {param.dtype}; expected torch.bfloat16"
+            )
+
+    def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
+        # A float32 CPU scalar, as torch's non-capturable Adam keeps it.
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(param, dtype=self.exp_avg_dtype, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, dtype=self.exp_avg_sq_dtype, memory_format=torch.preserve_format)
+        if self.store_param_remainders:  # zero remainders: the master starts equal to the bf16 param
+            state["master_param"] = torch.zeros_like(param, dtype=torch.int16, memory_format=torch.preserve_format)
+        elif self.master_weights:
+            state["master_param"] = param.detach().to(self.master_weight_dtype, copy=True)
+
+    def _read_master(self, param: torch.Tensor, state: dict[str, Any], compute: torch.dtype) -> torch.Tensor:
+        if self.store_param_remainders:
+            return join_bf16_remainder(param, state["master_param"])
+        source: torch.Tensor = state["master_param"] if self.master_weights else param
+        return source.to(compute)
+
+    def _write_master(self, param: torch.Tensor, state: dict[str, Any], master: torch.Tensor) -> None:
+        if self.store_param_remainders:
+            high, remainder = split_fp32(master)
+            param.copy_(high)
+            state["master_param"].copy_(remainder)
+            return
+        if self.master_weights:
+            _store(state["master_param"], master)
+        _store(param, master)  # from the computed master, as TE writes the model param
+
+    @override
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``zero_grad``; with ``use_decoupled_grad`` also clears ``p.decoupled_grad``."""
+        super().zero_grad(set_to_none)
+        if not self.use_decoupled_grad:
+            return
+        for group in self.param_groups:
+            for param in group["params"]:
+                grad = getattr(param, "decoupled_grad", None)
+                if grad is None:
+                    continue
+                if set_to_none:
+                    setattr(param, "decoupled_grad", None)
+                else:
+                    grad.zero_()
+
+    @override
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        """torch's ``load_state_dict``, keeping state in this optimizer's dtypes.
+
+        torch casts every floating state tensor to its param's dtype (bf16 moments of an fp32
+        param would come back fp32; int16 remainders would be cast to bf16 values), so the
+        moments, masters and ``step`` are re-read from ``state_dict`` after torch loads it. The
+        check is made first, so a rejected state dict leaves this optimizer unchanged.
+
+        Raises:
+            ValueError: a param's saved master does not match this optimizer's master
+                representation (none, a float copy, or int16 remainders).
+        """
+        saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        restored: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        for saved_id, param in zip(saved_ids, params):  # unequal counts: torch raises below
+            saved = state_dict["state"].get(saved_id)
+            if saved is not None:
+                restored[param] = self._restore(saved, param, saved_id)
+        super().load_state_dict(state_dict)
+        for param, values in restored.items():
+            self.state[param].update(values)
+
+    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int) -> dict[str, torch.Tensor]:
+        master = saved.get("master_param")
+        found = "none" if master is None else ("int16 remainders" if master.dtype == torch.int16 else f"a {master.dtype} copy")
+        wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
+        if (found == "none") != (wanted == "none") or (found == "int16 remainders") != self.store_param_remainders:
+            raise ValueError(
+                f"`state_dict['state'][{saved_id}]['master_param']`: saved master differs from this optimizer's "
+                f"(master_weights={self.master_weights}, store_param_remainders={self.store_param_remainders}); "
+                f"got {found}; expected {wanted}"
+            )
+        values: dict[str, torch.Tensor] = {}
+        if "step" in saved:
+            values["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).clone()
+        for key, dtype in (("exp_avg", self.exp_avg_dtype), ("exp_avg_sq", self.exp_avg_sq_dtype)):
+            if key in saved:
+                values[key] = saved[key].to(device=param.device, dtype=dtype, copy=True)
+        if master is not None:
+            dtype = torch.int16 if self.store_param_remainders else self.master_weight_dtype
+            values["master_param"] = master.to(device=param.device, dtype=dtype, copy=True)
+        return values

@@ -1,0 +1,501 @@
+"""PrecisionAwareAdam and its bf16 + int16 remainder encoding against independent references.
+
+The references are torch.optim.AdamW/Adam (foreach=False) over master copies and a float64
+rounding on the bf16 grid (tests/optimizers/reference/precision_adam.py). Every comparison is
+exact: the optimizer runs the same float32 kernels in the same order as torch's single-tensor
+Adam, and every rounding (fp32 to bf16 or fp16, nearest-even or half-away) is deterministic.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from optimizers.precision_adam import (
+    PrecisionAwareAdam,
+    join_bf16_remainder,
+    round_half_up_to_bf16,
+    split_fp32,
+)
+from tests.optimizers.reference.precision_adam import (
+    MasterAdam,
+    round_half_away_to_bf16,
+    round_nearest_even_to_bf16,
+)
+
+SHAPES = [(5, 7), (33, 65), (7,)]
+HYPER: dict[str, Any] = {"lr": 1e-2, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1}
+
+
+def _int32(*patterns: int) -> torch.Tensor:
+    """32-bit patterns written as unsigned hex, as an int32 tensor."""
+    return torch.tensor([p - (1 << 32) if p >= 1 << 31 else p for p in patterns], dtype=torch.int32)
+
+
+def _bits16(x: torch.Tensor) -> list[int]:
+    return [v & 0xFFFF for v in x.view(torch.int16).tolist()]
+
+
+def _random_finite_fp32(count: int, seed: int) -> torch.Tensor:
+    """Uniform random 32-bit patterns read as fp32, non-finite ones dropped (~0.4%)."""
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(1 << 31), 1 << 31, (count,), generator=generator, dtype=torch.int64).to(torch.int32)
+    values = bits.view(torch.float32)
+    return values[torch.isfinite(values)]
+
+
+def _params(dtype: torch.dtype, seed: int = 0) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=generator).to(dtype)) for shape in SHAPES]
+
+
+def _grads(params: list[torch.nn.Parameter], generator: torch.Generator, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    return [torch.randn(p.shape, generator=generator).to(dtype or p.dtype) for p in params]
+
+
+def _assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, msg: str = "") -> None:
+    assert actual.dtype == expected.dtype, (msg, actual.dtype, expected.dtype)
+    torch.testing.assert_close(actual, expected, atol=0, rtol=0, equal_nan=True, msg=msg or None)
+
+
+# --- the bf16 + int16 remainder encoding --------------------------------------------------------
+
+
+def test_split_then_join_restores_a_million_random_finite_fp32_bit_patterns() -> None:
+    values = _random_finite_fp32(1 << 20, seed=0)
+    high, remainder = split_fp32(values)
+    assert high.dtype == torch.bfloat16 and remainder.dtype == torch.int16
+    assert torch.equal(join_bf16_remainder(high, remainder).view(torch.int32), values.view(torch.int32))
+    # the remainder is the low 16 bits, read as signed
+    low = values.view(torch.int32) & 0xFFFF
+    assert torch.equal(remainder.to(torch.int32), torch.where(low >= 0x8000, low - 0x10000, low))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "high", "remainder", "case"),
+    [
+        (0x00000000, 0x0000, 0, "+0"),
+        (0x80000000, 0x8000, 0, "-0"),
+        (0x3F808000, 0x3F81, -0x8000, "tie, even high half: up"),
+        (0x3F818000, 0x3F82, -0x8000, "tie, odd high half: up"),
+        (0x3F807FFF, 0x3F80, 0x7FFF, "just below a tie: down"),
+        (0x3F80FFFF, 0x3F81, -1, "low bits all ones: up"),
+        (0xBF808000, 0xBF81, -0x8000, "negative tie: away from zero"),
+        (0xBF807FFF, 0xBF80, 0x7FFF, "negative, below a tie: toward zero"),
+        (0xBF80FFFF, 0xBF81, -1, "negative, low bits all ones: away from zero"),
+        (0x00000001, 0x0000, 1, "smallest subnormal: high half +0"),
+        (0x00008000, 0x0001, -0x8000, "subnormal tie: smallest bf16 subnormal"),
+        (0x80008001, 0x8001, -0x7FFF, "negative subnormal"),
+        (0x007FFFFF, 0x0080, -1, "largest subnormal: smallest bf16 normal"),
+        (0x7F7F7FFF, 0x7F7F, 0x7FFF, "largest fp32 that keeps a finite high half: bf16 max"),
+        (0x7F7FFFFF, 0x7F80, -1, "largest finite fp32: high half +inf, master still finite"),
+        (0xFF7FFFFF, 0xFF80, -1, "most negative finite fp32: high half -inf"),
+        (0x7F800000, 0x7F80, 0, "+inf"),
+        (0xFF800000, 0xFF80, 0, "-inf"),
+        (0x7FC00000, 0x7FC0, 0, "canonical NaN stays NaN"),
+        (0xFFC00000, 0xFFC0, 0, "x86 default NaN stays NaN"),
+        (0x7FFF8000, 0x8000, -0x8000, "NaN, high half 0x7FFF: wraps to -0 (as TE's int16 ++)"),
+        (0xFFFFFFFF, 0x0000, -1, "NaN, high half 0xFFFF: wraps to +0"),
+    ],
+)
+def test_split_and_join_on_hand_picked_bit_patterns(pattern: int, high: int, remainder: int, case: str) -> None:
+    bits = _int32(pattern)
+    got_high, got_remainder = split_fp32(bits.view(torch.float32))
+    assert _bits16(got_high) == [high], case
+    assert got_remainder.tolist() == [remainder], case
+    # exact round trip, NaN payloads included (the wrapped NaNs rely on two's complement int32 wrap)
+    assert torch.equal(join_bf16_remainder(got_high, got_remainder).view(torch.int32), bits), case
+
+
+def test_round_half_up_equals_the_float64_grid_reference() -> None:
+    values = _random_finite_fp32(1 << 20, seed=1)
+    assert torch.equal(round_half_up_to_bf16(values).view(torch.int16), round_half_away_to_bf16(values).view(torch.int16))
+
+
+def test_round_half_up_differs_from_torch_nearest_even_exactly_on_ties_with_an_even_high_half() -> None:
+    """The relationship: let h = high 16 bits, l = low 16 bits of a finite fp32 x. Both roundings
+    truncate when l < 0x8000 and round away from zero when l > 0x8000. At l == 0x8000 half-up
+    rounds away from zero; nearest-even does too when h is odd (h + 1 is even) and truncates when
+    h is even. So they differ exactly when l == 0x8000 and h is even, and there the half-up bits
+    are nearest-even's plus one (one bf16 ulp further from zero: IEEE is sign-magnitude)."""
+    generator = torch.Generator().manual_seed(2)
+    random = _random_finite_fp32(1 << 20, seed=3)
+    tie_highs = torch.randint(0, 1 << 16, (1 << 16,), generator=generator, dtype=torch.int32)
+    ties = ((tie_highs << 16) | 0x8000).view(torch.float32)
+    values = torch.cat([random, ties[torch.isfinite(ties)], _int32(0x7F7FFFFF, 0x7F7F8000, 0x7F7E8000).view(torch.float32)])
+
+    half_up = round_half_up_to_bf16(values).view(torch.int16).to(torch.int32)
+    nearest_even = round_nearest_even_to_bf16(values).view(torch.int16).to(torch.int32)
+    bits = values.view(torch.int32)
+    even_tie = ((bits & 0xFFFF) == 0x8000) & ((bits >> 16) % 2 == 0)
+    assert even_tie.sum() > 30_000  # half of the constructed ties
+    assert torch.equal(half_up[even_tie], nearest_even[even_tie] + 1)
+    assert torch.equal(half_up[~even_tie], nearest_even[~even_tie])
+    # overflow agrees: the largest finite fp32 and the odd tie past bf16 max go to +inf both ways
+    assert torch.isinf(round_half_up_to_bf16(_int32(0x7F7FFFFF, 0x7F7F8000).view(torch.float32))).all()
+
+
+def test_join_and_split_reject_wrong_dtypes_and_shapes() -> None:
+    with pytest.raises(TypeError, match=r"`master`: split_fp32 cuts float32 bit patterns; got torch.float64; expected torch.float32"):
+        split_fp32(torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"`high, remainder`: .*; got \(torch.float32, torch.int16\); expected \(torch.bfloat16, torch.int16\)"):
+        join_bf16_remainder(torch.zeros(3), torch.zeros(3, dtype=torch.int16))
+    with pytest.raises(ValueError, match=r"`remainder`: shape differs from the high half's; got \(2,\); expected \(3,\)"):
+        join_bf16_remainder(torch.zeros(3, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int16))
+
+
+# --- the optimizer against torch.optim ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("decoupled", [True, False], ids=["adamw", "adam-l2"])
+def test_all_fp32_equals_torch_single_tensor_adam_bitwise(decoupled: bool) -> None:
+    params = _params(torch.float32)
+    reference = MasterAdam(params, decoupled=decoupled, **HYPER)
+    ours = PrecisionAwareAdam(params, decoupled_weight_decay=decoupled, **HYPER)
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        grads = _grads(params, generator)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+    # Same float32 kernels in the same order as torch's _single_tensor_adam: identical bits.
+    for i, (p, expected) in enumerate(zip(params, reference.model())):
+        _assert_bitwise(p.detach(), expected, f"param {i}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            _assert_bitwise(ours.state[p][key], reference.moment(i, key), f"{key} {i}")
+        assert ours.state[p]["step"].item() == 20 and "master_param" not in ours.state[p]
+
+
+@pytest.mark.parametrize("model_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("decoupled", [True, False], ids=["adamw", "adam-l2"])
+def test_half_params_with_fp32_masters_follow_torch_on_the_masters(model_dtype: torch.dtype, decoupled: bool) -> None:
+    params = _params(model_dtype)
+    reference = MasterAdam(params, decoupled=decoupled, **HYPER)  # model = master.to(dtype): nearest even
+    ours = PrecisionAwareAdam(params, decoupled_weight_decay=decoupled, master_weights=True, **HYPER)
+    generator = torch.Generator().manual_seed(5)
+    for step in range(100):
+        grads = _grads(params, generator)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+        for i, (p, expected) in enumerate(zip(params, reference.model())):
+            master = ours.state[p]["master_param"]
+            assert master.dtype == torch.float32 and p.dtype == model_dtype
+            _assert_bitwise(p.detach(), master.to(model_dtype), f"step {step}: param {i} is its master, rounded")
+            _assert_bitwise(p.detach(), expected, f"step {step}: param {i}")
+    for i, p in enumerate(params):
+        _assert_bitwise(ours.state[p]["master_param"], reference.masters[i].detach(), f"master {i}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            _assert_bitwise(ours.state[p][key], reference.moment(i, key), f"{key} {i}")
+
+
+def test_remainders_are_bit_identical_to_an_fp32_master_rounded_half_away() -> None:
+    params = _params(torch.bfloat16)
+    reference = MasterAdam(params, to_model=round_half_away_to_bf16, **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, **HYPER)
+    generator = torch.Generator().manual_seed(6)
+    for step in range(200):
+        grads = _grads(params, generator)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+        for i, (p, expected) in enumerate(zip(params, reference.model())):
+            _assert_bitwise(p.detach(), expected, f"step {step}: param {i}")
+    for i, p in enumerate(params):
+        state = ours.state[p]
+        _assert_bitwise(join_bf16_remainder(p.detach(), state["master_param"]), reference.masters[i].detach(), f"master {i}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            _assert_bitwise(state[key], reference.moment(i, key), f"{key} {i}")
+        # master state: 2 bytes per parameter (int16) instead of an fp32 copy's 4
+        assert state["master_param"].dtype == torch.int16
+        assert state["master_param"].element_size() * state["master_param"].numel() == 2 * p.numel()
+
+
+def test_remainders_and_nearest_even_masters_share_the_master_and_differ_only_on_even_ties() -> None:
+    """Same grads, two runs: the fp32 masters agree bit for bit (the encoding is lossless), and the
+    bf16 params agree except on even ties, where the remainder run is exactly one bf16 ulp further
+    from zero (the relation pinned above). So the bf16 params stay within one bf16 ulp."""
+    remainder_params, nearest_params = _params(torch.bfloat16), _params(torch.bfloat16)
+    remainder_opt = PrecisionAwareAdam(remainder_params, master_weights=True, store_param_remainders=True, **HYPER)
+    nearest_opt = PrecisionAwareAdam(nearest_params, master_weights=True, **HYPER)
+    generator = torch.Generator().manual_seed(7)
+    ties = 0
+    for _ in range(200):
+        for p, q, g in zip(remainder_params, nearest_params, _grads(remainder_params, generator)):
+            p.grad, q.grad = g, g.clone()
+        remainder_opt.step()
+        nearest_opt.step()
+        for p, q in zip(remainder_params, nearest_params):
+            master = nearest_opt.state[q]["master_param"]
+            _assert_bitwise(join_bf16_remainder(p.detach(), remainder_opt.state[p]["master_param"]), master)
+            bits = master.view(torch.int32)
+            even_tie = ((bits & 0xFFFF) == 0x8000) & ((bits >> 16) % 2 == 0)
+            ties += int(even_tie.sum())
+            up, even = p.detach().view(torch.int16).to(torch.int32), q.detach().view(torch.int16).to(torch.int32)
+            assert torch.equal(up, even + even_tie.to(torch.int32))
+    # The run does reach the case where the two roundings differ (deterministic: seeded CPU run).
+    assert ties > 0
+
+
+# --- low-precision moments ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exp_avg_dtype", "exp_avg_sq_dtype", "state_bytes"),
+    [
+        (torch.float32, torch.float32, 8),
+        (torch.bfloat16, torch.bfloat16, 4),
+        (torch.float16, torch.float16, 4),
+        (torch.bfloat16, torch.float32, 6),
+    ],
+)
+def test_moments_are_stored_in_their_dtype_and_equal_torch_with_rounded_moments(
+    exp_avg_dtype: torch.dtype, exp_avg_sq_dtype: torch.dtype, state_bytes: int
+) -> None:
+    params = _params(torch.float32)
+    dtypes = {"exp_avg_dtype": exp_avg_dtype, "exp_avg_sq_dtype": exp_avg_sq_dtype}
+    reference = MasterAdam(params, **dtypes, **HYPER)
+    ours = PrecisionAwareAdam(params, **dtypes, **HYPER)
+    generator = torch.Generator().manual_seed(8)
+    for _ in range(50):
+        grads = _grads(params, generator)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+    for i, (p, expected) in enumerate(zip(params, reference.model())):
+        _assert_bitwise(p.detach(), expected, f"param {i}")
+        state = ours.state[p]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert state[key].dtype == dtypes[f"{key}_dtype"]
+            _assert_bitwise(state[key], reference.moment(i, key), f"{key} {i}")
+        moment_bytes = sum(state[k].element_size() * state[k].numel() for k in ("exp_avg", "exp_avg_sq"))
+        assert moment_bytes == state_bytes * p.numel()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_moments_converge_on_a_quadratic(dtype: torch.dtype) -> None:
+    weight = torch.nn.Parameter(torch.zeros(5, 7))
+    target = torch.randn(5, 7)
+    opt = PrecisionAwareAdam([weight], lr=0.05, exp_avg_dtype=dtype, exp_avg_sq_dtype=dtype)
+    start = 0.5 * target.square().sum().item()
+    for _ in range(200):
+        opt.zero_grad()
+        loss = 0.5 * (weight - target).square().sum()
+        loss.backward()
+        opt.step()
+    assert 0.5 * (weight - target).square().sum().item() < 0.01 * start
+    assert opt.state[weight]["exp_avg"].dtype == dtype == opt.state[weight]["exp_avg_sq"].dtype
+
+
+# --- other dtypes and gradient sources ----------------------------------------------------------
+
+
+def test_float64_params_are_computed_in_float64() -> None:
+    params = _params(torch.float64)
+    reference = MasterAdam(params, master_dtype=torch.float64, exp_avg_dtype=torch.float32, exp_avg_sq_dtype=torch.float32, **HYPER)
+    ours = PrecisionAwareAdam(params, **HYPER)  # moments stored in the default float32
+    generator = torch.Generator().manual_seed(9)
+    for _ in range(20):
+        grads = _grads(params, generator)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+    for i, (p, expected) in enumerate(zip(params, reference.model())):
+        _assert_bitwise(p.detach(), expected, f"param {i}")
+        assert ours.state[p]["exp_avg"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("master_dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_master_copies_are_stored_in_their_dtype(master_dtype: torch.dtype) -> None:
+    params = _params(torch.float32)
+    reference = MasterAdam(params, **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, master_weight_dtype=master_dtype, **HYPER)
+    grads = _grads(params, torch.Generator().manual_seed(10))
+    for p, g in zip(params, grads):
+        p.grad = g
+    ours.step()
+    reference.step(grads)
+    for i, p in enumerate(params):
+        # one step from an fp32 value: the param gets the fp32 result, the master its rounding
+        _assert_bitwise(p.detach(), reference.masters[i].detach(), f"param {i}")
+        _assert_bitwise(ours.state[p]["master_param"], reference.masters[i].detach().to(master_dtype), f"master {i}")
+
+
+def test_decoupled_grad_is_read_instead_of_grad_and_cleared_by_zero_grad() -> None:
+    params = _params(torch.bfloat16)
+    reference = MasterAdam(params, **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, use_decoupled_grad=True, **HYPER)
+    generator = torch.Generator().manual_seed(11)
+    for _ in range(10):
+        grads = _grads(params, generator, dtype=torch.float32)  # fp32 grads for bf16 params
+        for p, g in zip(params, grads):
+            p.decoupled_grad = g  # type: ignore[attr-defined]
+            p.grad = torch.full_like(p, 1000.0)  # ignored
+        ours.step()
+        reference.step(grads)
+    for i, (p, expected) in enumerate(zip(params, reference.model())):
+        _assert_bitwise(p.detach(), expected, f"param {i}")
+    ours.zero_grad(set_to_none=False)
+    assert all(torch.equal(p.decoupled_grad, torch.zeros(p.shape)) for p in params)  # type: ignore[attr-defined]
+    ours.zero_grad()
+    assert all(p.decoupled_grad is None and p.grad is None for p in params)  # type: ignore[attr-defined]
+
+
+def test_params_without_a_gradient_are_skipped() -> None:
+    with_grad, without = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = PrecisionAwareAdam([with_grad, without], master_weights=True)
+    with_grad.grad = torch.ones(3)
+    opt.step()
+    assert not torch.equal(with_grad, torch.ones(3)) and torch.equal(without, torch.ones(3))
+    assert without not in opt.state
+
+
+# --- state dict ---------------------------------------------------------------------------------
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "remainders-bf16-moments": {
+        "master_weights": True, "store_param_remainders": True,
+        "exp_avg_dtype": torch.bfloat16, "exp_avg_sq_dtype": torch.bfloat16,
+    },
+    "fp16-master-fp16-moments": {
+        "master_weights": True, "master_weight_dtype": torch.float16,
+        "exp_avg_dtype": torch.float16, "exp_avg_sq_dtype": torch.float16,
+    },
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_state_dict_round_trip_keeps_dtypes_and_resumes_bitwise(config: dict[str, Any]) -> None:
+    dtype = torch.bfloat16 if config.get("store_param_remainders") else torch.float32
+    params = _params(dtype)
+    opt = PrecisionAwareAdam(params, **config, **HYPER)
+    generator = torch.Generator().manual_seed(12)
+    grads = [_grads(params, generator) for _ in range(10)]
+    for step_grads in grads[:5]:
+        for p, g in zip(params, step_grads):
+            p.grad = g
+        opt.step()
+
+    twin_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    twin = PrecisionAwareAdam(twin_params, **config, **HYPER)
+    twin.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for p, q in zip(params, twin_params):
+        assert {k: v.dtype for k, v in opt.state[p].items()} == {k: v.dtype for k, v in twin.state[q].items()}
+
+    for step_grads in grads[5:]:
+        for p, q, g in zip(params, twin_params, step_grads):
+            p.grad, q.grad = g, g.clone()
+        opt.step()
+        twin.step()
+    for p, q in zip(params, twin_params):
+        _assert_bitwise(q.detach(), p.detach())
+        for key, value in opt.state[p].items():
+            _assert_bitwise(twin.state[q][key], value, key)
+
+
+def test_load_state_dict_casts_moments_to_the_loading_optimizers_dtypes() -> None:
+    params = _params(torch.float32)
+    opt = PrecisionAwareAdam(params)
+    for p, g in zip(params, _grads(params, torch.Generator().manual_seed(13))):
+        p.grad = g
+    opt.step()
+    low = PrecisionAwareAdam(params, exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.float16)
+    low.load_state_dict(opt.state_dict())
+    for p in params:
+        _assert_bitwise(low.state[p]["exp_avg"], opt.state[p]["exp_avg"].to(torch.bfloat16))
+        _assert_bitwise(low.state[p]["exp_avg_sq"], opt.state[p]["exp_avg_sq"].to(torch.float16))
+        assert low.state[p]["step"] is not opt.state[p]["step"]  # a copy: stepping one leaves the other
+
+
+@pytest.mark.parametrize(
+    ("saving", "loading", "message"),
+    [
+        ({}, {"master_weights": True}, r"got none; expected a float copy"),
+        ({"master_weights": True}, {}, r"got a torch.float32 copy; expected none"),
+        ({"master_weights": True, "store_param_remainders": True}, {"master_weights": True}, r"got int16 remainders; expected a float copy"),
+        ({"master_weights": True}, {"master_weights": True, "store_param_remainders": True}, r"got a torch.float32 copy; expected int16 remainders"),
+    ],
+)
+def test_load_state_dict_rejects_another_master_representation(saving: dict[str, Any], loading: dict[str, Any], message: str) -> None:
+    params = _params(torch.bfloat16)
+    opt = PrecisionAwareAdam(params, **saving)
+    for p, g in zip(params, _grads(params, torch.Generator().manual_seed(14))):
+        p.grad = g
+    opt.step()
+    other = PrecisionAwareAdam(params, **loading)
+    with pytest.raises(ValueError, match=r"`state_dict\['state'\]\[0\]\['master_param'\]`: saved master differs from this optimizer's .*; " + message):
+        other.load_state_dict(opt.state_dict())
+    assert not other.state  # a rejected state dict changes nothing
+
+
+# --- bad arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"lr": -1.0}, ValueError, r"param group #0: `lr`: must be non-negative; got -1.0; expected lr >= 0"),
+        ({"eps": -1e-8}, ValueError, r"param group #0: `eps`: must be non-negative; got -1e-08; expected eps >= 0"),
+        ({"weight_decay": -0.1}, ValueError, r"param group #0: `weight_decay`: must be non-negative; got -0.1"),
+        ({"betas": (1.0, 0.999)}, ValueError, r"param group #0: `betas`: each must lie in \[0, 1\); got \(1.0, 0.999\)"),
+        ({"betas": (0.9, -0.1)}, ValueError, r"param group #0: `betas`: .*; got \(0.9, -0.1\)"),
+        ({"exp_avg_dtype": torch.float64}, ValueError, r"`exp_avg_dtype`: unsupported dtype; got torch.float64; expected one of \(torch.float32, torch.bfloat16, torch.float16\)"),
+        ({"exp_avg_sq_dtype": torch.uint8}, ValueError, r"`exp_avg_sq_dtype`: unsupported dtype; got torch.uint8"),
+        ({"exp_avg_dtype": "bf16"}, TypeError, r"`exp_avg_dtype`: must be a torch.dtype; got 'bf16'"),
+        ({"master_weights": True, "master_weight_dtype": torch.float64}, ValueError, r"`master_weight_dtype`: unsupported dtype; got torch.float64"),
+        ({"master_weight_dtype": torch.bfloat16}, ValueError, r"`master_weight_dtype`: takes effect only with master_weights=True; got torch.bfloat16 with master_weights=False"),
+        ({"store_param_remainders": True}, ValueError, r"`store_param_remainders`: .*; got master_weights=False; expected master_weights=True or store_param_remainders=False"),
+        ({"store_param_remainders": True, "master_weights": True, "master_weight_dtype": torch.float16}, ValueError, r"`store_param_remainders`: .*; got master_weight_dtype=torch.float16; expected torch.float32"),
+    ],
+)
+def test_bad_constructor_arguments_raise(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        PrecisionAwareAdam(_params(torch.bfloat16), **kwargs)
+
+
+def test_bad_params_raise_with_their_group_and_index() -> None:
+    bf16, fp32 = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16)), torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(ValueError, match=r"param group #1, param #1: `store_param_remainders` needs bf16 params .*; got torch.float32; expected torch.bfloat16"):
+        PrecisionAwareAdam([{"params": [bf16]}, {"params": [bf16.clone(), fp32]}], master_weights=True, store_param_remainders=True)
+    with pytest.raises(ValueError, match=r"param group #0, param #0 \(`w`\): `store_param_remainders` needs bf16 params"):
+        PrecisionAwareAdam([("w", fp32)], master_weights=True, store_param_remainders=True)
+    with pytest.raises(TypeError, match=r"param group #0, param #0: dtype not supported; got torch.int64; expected one of"):
+        PrecisionAwareAdam([torch.ones(2, dtype=torch.int64)])
+    with pytest.raises(ValueError, match=r"param group #1: `lr`: must be non-negative; got -0.5"):
+        PrecisionAwareAdam([{"params": [fp32]}, {"params": [bf16], "lr": -0.5}])
+    opt = PrecisionAwareAdam([fp32])
+    with pytest.raises(ValueError, match=r"param group #1: `betas`"):
+        opt.add_param_group({"params": [bf16], "betas": (0.9, 1.5)})
+    assert len(opt.param_groups) == 1  # the rejected group was not kept
+
+
+def test_data_dependent_errors_raise_during_step() -> None:
+    param = torch.nn.Parameter(torch.ones(3, 4))
+    opt = PrecisionAwareAdam([param])
+    param.grad = torch.eye(3, 4).to_sparse()
+    with pytest.raises(ValueError, match=r"param group #0, param #0: `grad` is sparse, which Adam does not support; got torch.sparse_coo; expected torch.strided"):
+        opt.step()
+
+    decoupled = PrecisionAwareAdam([param], use_decoupled_grad=True)
+    param.decoupled_grad = torch.ones(4, 3)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"`decoupled_grad` shape differs from the param's; got \(4, 3\); expected \(3, 4\)"):
+        decoupled.step()
+    param.decoupled_grad = torch.ones(3, 4, dtype=torch.int32)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"`decoupled_grad` must be floating point; got torch.int32"):
+        decoupled.step()
+
+    bf16 = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    remainders = PrecisionAwareAdam([bf16], master_weights=True, store_param_remainders=True)
+    bf16.data = bf16.data.float()  # cast after construction
+    bf16.grad = torch.ones(3)
+    with pytest.raises(ValueError, match=r"param group #0, param #0: `store_param_remainders` needs bf16 params; got torch.float32"):
+        remainders.step()
