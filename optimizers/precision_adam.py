@@ -317,13 +317,27 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
             raise ValueError(f"{where}: `betas`: each must lie in [0, 1); got {betas}; expected (beta1, beta2) in [0, 1)")
         for i, param in enumerate(group["params"]):
-            if param.dtype not in PARAM_DTYPES:
-                raise TypeError(f"{_where(group, index, i)}: dtype not supported; got {param.dtype}; expected one of {PARAM_DTYPES}")
-            if self.store_param_remainders and param.dtype != torch.bfloat16:
-                raise ValueError(
-                    f"{_where(group, index, i)}: `store_param_remainders` needs bf16 params (they hold the "
-                    f"master's high half); got {param.dtype}; expected torch.bfloat16"
-                )
+            self._check_param(param, _where(group, index, i))
+
+    def _check_param(self, param: torch.Tensor, where: str) -> None:
+        """The param's dtype suits the storage options (at construction, and at each step in case
+        the model was cast since)."""
+        if param.dtype not in PARAM_DTYPES:
+            raise TypeError(f"{where}: dtype not supported; got {param.dtype}; expected one of {PARAM_DTYPES}")
+        if self.store_param_remainders and param.dtype != torch.bfloat16:
+            raise ValueError(
+                f"{where}: `store_param_remainders` needs bf16 params (they hold the master's high half); "
+                f"got {param.dtype}; expected torch.bfloat16"
+            )
+        master = self.master_weight_dtype
+        if self.master_weights and torch.promote_types(param.dtype, master) != master:
+            # TE keeps a per-tensor scale for fp16 masters; unscaled, an fp16 master of bf16 params
+            # overflows past 65504 and keeps fewer bits than bf16 below 6.1e-5.
+            held = [d for d in PARAM_DTYPES if torch.promote_types(d, master) == d or d == master]
+            raise ValueError(
+                f"{where}: `master_weight_dtype` {master} cannot hold every {param.dtype} value (masters are "
+                f"stored unscaled); got a {param.dtype} param; expected params in {held} or master_weight_dtype=torch.float32"
+            )
 
     @overload
     def step(self, closure: None = None) -> None: ...
@@ -376,10 +390,7 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
             raise TypeError(f"{where}: `{source}` must be floating point; got {grad.dtype}; expected a float dtype")
         if grad.shape != param.shape:
             raise ValueError(f"{where}: `{source}` shape differs from the param's; got {tuple(grad.shape)}; expected {tuple(param.shape)}")
-        if self.store_param_remainders and param.dtype != torch.bfloat16:  # the param was cast after construction
-            raise ValueError(
-                f"{where}: `store_param_remainders` needs bf16 params; got {param.dtype}; expected torch.bfloat16"
-            )
+        self._check_param(param, where)  # the model may have been cast since construction
 
     def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
         # A float32 CPU scalar, as torch's non-capturable Adam keeps it.

@@ -159,11 +159,12 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         for model, main, grad in pairs:
             if grad is None:
                 if self.decoupled_grad_dtype is not None:
-                    main.decoupled_grad = None
+                    setattr(main, "decoupled_grad", None)
                 continue
             if self.decoupled_grad_dtype is not None:
-                main.decoupled_grad = grad.to(self.decoupled_grad_dtype, copy=True)
-                main_grads.append(main.decoupled_grad)
+                decoupled = grad.to(self.decoupled_grad_dtype, copy=True)
+                setattr(main, "decoupled_grad", decoupled)  # read by the precision-aware Adam
+                main_grads.append(decoupled)
                 model.grad = None
             elif main is model:
                 main.grad = grad  # fp32: in place (main_grad is aliased, as Megatron does)
@@ -248,10 +249,11 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         for _, model, main in self._pairs():
             if model is not main:
                 model.grad = None if set_to_none else (model.grad.zero_() if model.grad is not None else None)
-            if self.params_have_main_grad and getattr(model, "main_grad", None) is not None:
-                model.main_grad.zero_()
+            main_grad = getattr(model, "main_grad", None) if self.params_have_main_grad else None
+            if main_grad is not None:
+                main_grad.zero_()
             if self.decoupled_grad_dtype is not None:
-                main.decoupled_grad = None
+                setattr(main, "decoupled_grad", None)
 
 
     # ---- state dict ----------------------------------------------------------------------
