@@ -357,6 +357,12 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
                 f"[{_shorten(sorted(saved_mains))}]; expected [{_shorten(sorted(main_of))}] "
                 "(was the checkpoint saved with another fp16/bf16 setting?)"
             )
+        for name, main in main_of.items():
+            if saved_mains[name].shape != main.shape:
+                raise ValueError(
+                    f"`{name}`: fp32 main param shape differs from the checkpoint's; got "
+                    f"{tuple(saved_mains[name].shape)}; expected {tuple(main.shape)}"
+                )
         scaler_state = state_dict.get("grad_scaler")
         if (scaler_state is None) != (self.grad_scaler is None):
             raise ValueError(

@@ -241,3 +241,13 @@ def test_resume_is_bit_identical_with_an_overflow_skipped_step(precision: str) -
 def _init(dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(1234)
     return tiny_gpt().to(dtype)
+
+
+def test_loading_a_checkpoint_from_another_precision_is_a_clear_error() -> None:
+    fp32_opt = get_optimizer(OptimizerConfig(lr=1e-3), tiny_gpt())
+    bf16_opt = get_optimizer(OptimizerConfig(lr=1e-3, bf16=True), tiny_gpt().to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"`state_dict`: fp32 main params do not match this optimizer's; got \[\]; expected \[decoder.final_layernorm.bias, "):
+        bf16_opt.load_state_dict(fp32_opt.state_dict())
+    fp16_opt = get_optimizer(OptimizerConfig(lr=1e-3, fp16=True), tiny_gpt().half())
+    with pytest.raises(ValueError, match=r"`state_dict`: grad scaler state is absent; got None; expected one"):
+        fp16_opt.load_state_dict(bf16_opt.state_dict())
