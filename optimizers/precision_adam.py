@@ -19,108 +19,14 @@ from typing import Any, overload, override
 import torch
 from torch.optim.optimizer import ParamsT, StateDict
 
+from optimizers.bf16_remainder import join_bf16_remainder, split_fp32
+
 MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``exp_avg`` and ``exp_avg_sq`` may be stored in (TE also offers fp8, which we lack)."""
 MASTER_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes a full master copy may be stored in."""
 PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 """Param dtypes the optimizer takes; float64 params are computed in float64, the rest in float32."""
-
-
-def split_fp32(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut fp32 values into a bf16 high half (rounded half up in magnitude) and an int16 remainder.
-
-    The remainder is the low 16 bits read as a signed int16. Where it is negative (low bits
-    ``>= 0x8000``) the high half is incremented by one, which, IEEE floats being sign-magnitude,
-    moves it one bf16 ulp away from zero: round to nearest with ties away from zero. This is
-    TE's ``multi_tensor_adam_param_remainder`` rule; :func:`join_bf16_remainder` undoes it exactly.
-
-    Edge cases, all pinned by tests: the largest finite fp32 values (``|x| >= 0x7F7F8000`` as bits,
-    halfway past the largest bf16) get an infinite high half while the pair still joins back to
-    the finite master. A NaN whose high half is ``0x7FFF`` or ``0xFFFF`` with low bits
-    ``>= 0x8000`` wraps (as in TE's int16 arithmetic) to a high half of ``-0.0`` or ``+0.0``;
-    the pair still joins back to the NaN. Arithmetic NaNs (``0x7FC00000``, ``0xFFC00000``) have
-    zero low bits and keep a NaN high half.
-
-    Args:
-        master: float32 values, any shape.
-
-    Returns:
-        ``(high, remainder)``: bfloat16 and int16 tensors of ``master``'s shape.
-
-    Raises:
-        TypeError: ``master`` is not float32.
-
-    Example:
-        >>> high, remainder = split_fp32(torch.tensor([1.0, -2.5]))
-        >>> high.tolist(), remainder.tolist()
-        ([1.0, -2.5], [0, 0])
-        >>> bits = torch.tensor([0x3F808000], dtype=torch.int32)  # 1.0 + 2**-8, a bf16 tie
-        >>> high, remainder = split_fp32(bits.view(torch.float32))
-        >>> high.item(), remainder.item()  # rounded up (torch's .to(bfloat16) gives the even 1.0)
-        (1.0078125, -32768)
-    """
-    if master.dtype != torch.float32:
-        raise TypeError(f"`master`: split_fp32 cuts float32 bit patterns; got {master.dtype}; expected torch.float32")
-    bits = master.view(torch.int32)
-    # Converting int32 to int16 keeps the low 16 bits (two's complement), i.e. the signed remainder.
-    remainder = bits.to(torch.int16)
-    # `bits >> 16` is arithmetic: the high half, sign-extended, in [-2**15, 2**15). Adding the
-    # carry cannot overflow int32; it reaches 2**15 only for the NaNs above, where .to wraps.
-    high = ((bits >> 16) + (remainder < 0)).to(torch.int16)
-    return high.view(torch.bfloat16), remainder
-
-
-def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
-    """The fp32 values that :func:`split_fp32` cut into ``(high, remainder)``: exact inverse.
-
-    ``bits = (high << 16) + remainder`` with both halves sign-extended: adding a negative
-    remainder borrows the one that the split carried into the high half.
-
-    Args:
-        high: bfloat16 high halves (the model params when remainders are stored).
-        remainder: int16 remainders, same shape.
-
-    Returns:
-        A new float32 tensor.
-
-    Raises:
-        TypeError: a dtype is not bfloat16 / int16.
-        ValueError: the shapes differ.
-
-    Example:
-        >>> master = torch.tensor([3.14159265, -1e-30, 3.0e38])
-        >>> torch.equal(join_bf16_remainder(*split_fp32(master)), master)
-        True
-    """
-    if high.dtype != torch.bfloat16 or remainder.dtype != torch.int16:
-        raise TypeError(
-            f"`high, remainder`: join_bf16_remainder takes the halves split_fp32 returns; "
-            f"got ({high.dtype}, {remainder.dtype}); expected (torch.bfloat16, torch.int16)"
-        )
-    if high.shape != remainder.shape:
-        raise ValueError(
-            f"`remainder`: shape differs from the high half's; got {tuple(remainder.shape)}; "
-            f"expected {tuple(high.shape)}"
-        )
-    # high << 16 lies in [-2**31, 2**31 - 2**16]; the sum overflows int32 only for the wrapped
-    # NaNs documented in split_fp32, where two's complement wrap-around restores their bits.
-    bits = (high.view(torch.int16).to(torch.int32) << 16) + remainder
-    return bits.view(torch.float32)
-
-
-def round_half_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
-    """fp32 to bf16, to nearest with ties away from zero: the high half :func:`split_fp32` keeps.
-
-    It equals torch's ``x.to(torch.bfloat16)`` (ties to even) except on exact ties (low 16 bits
-    ``== 0x8000``) whose truncated high half is even: there it is one bf16 ulp further from zero.
-
-    Example:
-        >>> tie = torch.tensor([0x3F808000], dtype=torch.int32).view(torch.float32)
-        >>> round_half_up_to_bf16(tie).item(), tie.to(torch.bfloat16).item()
-        (1.0078125, 1.0)
-    """
-    return split_fp32(x)[0]
 
 
 def adam_update_(
@@ -179,6 +85,13 @@ def _where(group: dict[str, Any], group_index: int, param_index: int) -> str:
     return f"param group #{group_index}, param #{param_index}{named}"
 
 
+def _master_kind(master: torch.Tensor | None) -> str:
+    """How a saved ``master_param`` represents the master: none, int16 remainders or a float copy."""
+    if master is None:
+        return "none"
+    return "int16 remainders" if master.dtype == torch.int16 else "a float copy"
+
+
 def _store(destination: torch.Tensor, value: torch.Tensor) -> None:
     """Write ``value`` into ``destination`` (rounding to nearest even) unless it already is it."""
     if value is not destination:
@@ -200,7 +113,8 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
     to fp32, rebuilds the fp32 master (the param itself, ``state["master_param"]``, or the bf16
     param joined with its int16 remainder), updates, and writes everything back to its storage
     dtype: moments and masters with round-to-nearest-even, the model param with
-    round-to-nearest-even from the master, or with remainders as :func:`split_fp32`'s high half.
+    round-to-nearest-even from the master, or with remainders as
+    :func:`optimizers.bf16_remainder.split_fp32`'s high half.
 
     Reference implementation: TE ``FusedAdam``,
     https://github.com/NVIDIA/TransformerEngine/blob/04912bf024514826f31cc02485d396974af68516/transformer_engine/pytorch/optimizers/fused_adam.py
@@ -211,9 +125,12 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         * Arithmetic follows torch's single-tensor Adam (same bits as ``torch.optim.AdamW``), not
           TE's kernel, which divides ``m`` and ``v`` by their bias corrections first.
         * fp16 moments and masters are stored with a plain cast: TE keeps a per-tensor fp32 scale
-          for them. Plain fp16 ``exp_avg_sq`` overflows for ``|g| > 255`` and flushes squares
-          below ~6e-8 to zero; prefer bf16 moments. fp8 (``torch.uint8``) state is not offered.
-        * ``master_weight_dtype`` may be bfloat16 (TE: fp32 or fp16).
+          for them. A plain fp16 ``exp_avg_sq`` (about g**2) overflows once |g| stays above ~256
+          and loses bits below 6.1e-5 (zero below 3e-8); prefer bf16 moments. fp8 (``torch.uint8``)
+          state is not offered.
+        * ``master_weight_dtype`` may be bfloat16 (TE: fp32 or fp16), and must hold every param
+          value exactly: a 16-bit master only for params of that dtype, no fp32 master for fp64
+          params (TE scales fp16 masters of bf16 params; we would overflow past 65504).
         * Options that cannot take effect raise instead of being ignored (TE silently drops
           ``store_param_remainders`` without fp32 masters or for non-bf16 params).
         * ``step`` is counted per parameter, as in torch, not per group.
@@ -229,7 +146,8 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         weight_decay: :math:`\lambda` >= 0. Default 0.
         decoupled_weight_decay: AdamW (True, the default, as in Megatron) or L2 (False).
         master_weights: keep a master copy in ``state["master_param"]``. Default False.
-        master_weight_dtype: that copy's dtype: float32 (default), bfloat16 or float16.
+        master_weight_dtype: that copy's dtype: float32 (default), bfloat16 or float16; it must hold
+            the param's values exactly (``torch.promote_types(param.dtype, it) == it``).
         store_param_remainders: with bf16 params and fp32 masters, store only the master's
             low 16 bits (int16); the bf16 param holds the rounded high half. Default False.
         exp_avg_dtype: storage dtype of ``exp_avg``: float32 (default), bfloat16 or float16.
@@ -239,8 +157,9 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
 
     Raises:
         TypeError: a dtype argument is not a ``torch.dtype``, or a param's dtype is unsupported.
-        ValueError: a hyperparameter is out of range, an option cannot take effect, or (during
-            ``step``) a gradient is sparse or misshapen.
+        ValueError: a hyperparameter is out of range, an option cannot take effect, a param cannot
+            be held by the master dtype or the remainders, or (during ``step``) a gradient is
+            sparse or misshapen.
 
     Example:
         >>> w = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
@@ -333,10 +252,10 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         if self.master_weights and torch.promote_types(param.dtype, master) != master:
             # TE keeps a per-tensor scale for fp16 masters; unscaled, an fp16 master of bf16 params
             # overflows past 65504 and keeps fewer bits than bf16 below 6.1e-5.
-            held = [d for d in PARAM_DTYPES if torch.promote_types(d, master) == d or d == master]
+            held = [d for d in PARAM_DTYPES if torch.promote_types(d, master) == master]
             raise ValueError(
-                f"{where}: `master_weight_dtype` {master} cannot hold every {param.dtype} value (masters are "
-                f"stored unscaled); got a {param.dtype} param; expected params in {held} or master_weight_dtype=torch.float32"
+                f"{where}: `master_weight_dtype` {master} cannot hold every value of the param (masters are "
+                f"stored unscaled); got a {param.dtype} param; expected a param dtype in {held}"
             )
 
     @overload
@@ -460,13 +379,14 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
 
     def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int) -> dict[str, torch.Tensor]:
         master = saved.get("master_param")
-        found = "none" if master is None else ("int16 remainders" if master.dtype == torch.int16 else f"a {master.dtype} copy")
+        found = _master_kind(master)
         wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
-        if (found == "none") != (wanted == "none") or (found == "int16 remainders") != self.store_param_remainders:
+        if found != wanted:
+            shown = f"a {master.dtype} copy" if found == "a float copy" and master is not None else found
             raise ValueError(
                 f"`state_dict['state'][{saved_id}]['master_param']`: saved master differs from this optimizer's "
                 f"(master_weights={self.master_weights}, store_param_remainders={self.store_param_remainders}); "
-                f"got {found}; expected {wanted}"
+                f"got {shown}; expected {wanted}"
             )
         values: dict[str, torch.Tensor] = {}
         if "step" in saved:

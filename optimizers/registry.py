@@ -95,18 +95,51 @@ def _kernel(groups: ParamGroups) -> _Kernel:
 
 
 def _build_adam(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    if instance["use_precision_aware_optimizer"]:
+        return _build_precision_aware_adam(groups, instance)
     cls = torch.optim.AdamW if instance["decoupled_weight_decay"] else torch.optim.Adam
     return cls(groups, **_kernel(groups))
+
+
+def _build_precision_aware_adam(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """Megatron's ``use_precision_aware_optimizer``: typed master and moments, fp32 math.
+
+    16-bit params get a master copy (or, with ``store_param_remainders``, an int16 remainder);
+    fp32 params are their own master. Gradients are read from ``param.decoupled_grad``.
+    """
+    from optimizers.precision_adam import PrecisionAwareAdam
+
+    sixteen_bit = [p for p in _all_params(groups) if p.dtype in (torch.float16, torch.bfloat16)]
+    return PrecisionAwareAdam(
+        groups,
+        decoupled_weight_decay=instance["decoupled_weight_decay"],
+        master_weights=bool(sixteen_bit),
+        master_weight_dtype=instance["main_params_dtype"],
+        store_param_remainders=bool(sixteen_bit) and instance["store_param_remainders"],
+        exp_avg_dtype=instance["exp_avg_dtype"],
+        exp_avg_sq_dtype=instance["exp_avg_sq_dtype"],
+        use_decoupled_grad=True,
+    )
 
 
 register(
     OptimizerSpec(
         name="adam",
-        description="Adam, or AdamW with decoupled_weight_decay (torch.optim, fused where supported)",
+        description=(
+            "Adam, or AdamW with decoupled_weight_decay (torch.optim, fused where supported; "
+            "optzoo's PrecisionAwareAdam under use_precision_aware_optimizer)"
+        ),
         source="torch",
         shapes="any",
-        config_fields=("adam_beta1", "adam_beta2", "adam_eps", "decoupled_weight_decay"),
-        instance_fields=("decoupled_weight_decay",),
+        config_fields=(
+            "adam_beta1", "adam_beta2", "adam_eps", "decoupled_weight_decay",
+            "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+            "store_param_remainders",
+        ),  # fmt: skip
+        instance_fields=(
+            "decoupled_weight_decay", "use_precision_aware_optimizer", "main_params_dtype",
+            "exp_avg_dtype", "exp_avg_sq_dtype", "store_param_remainders",
+        ),  # fmt: skip
         group_options=lambda c: {"betas": (c["adam_beta1"], c["adam_beta2"]), "eps": c["adam_eps"]},
         build=_build_adam,
     )

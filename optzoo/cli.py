@@ -17,7 +17,7 @@ from optimizers.registry import get_spec, registered_names
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
 from optzoo.factory import param_group_map
-from optzoo.groups import ResolvedGroup, qualified_names, resolve_groups
+from optzoo.groups import ResolvedGroup, _jsonable, qualified_names, resolve_groups
 from optzoo.models import BUILTIN_MODELS, build_model
 from routing import Routing
 
@@ -42,7 +42,7 @@ def _list_rows() -> list[dict[str, Any]]:
                 "name": name,
                 "source": spec.source,
                 "shapes": spec.shapes,
-                "fields": {f: defaults[f] for f in fields},
+                "fields": {f: _jsonable(defaults[f]) for f in fields},
                 "description": spec.description,
             }
         )

@@ -62,15 +62,9 @@ def make_grad_scaler(config: OptimizerConfig, *, device: torch.device | None = N
 
 
 def _check_precision(config: OptimizerConfig, groups: list[ResolvedGroup]) -> None:
-    """Parameter dtypes must fit fp16/bf16; the precision-aware path is Adam-only."""
+    """Parameter dtypes must fit fp16/bf16 (and bf16 remainders need bf16 params)."""
     expected = torch.float16 if config.fp16 else torch.bfloat16 if config.bf16 else None
     for group in groups:
-        if config.use_precision_aware_optimizer and group.optimizer != "adam":
-            raise ValueError(
-                f"`param group #{group.index}` ({group.param_names[0]}, ...): "
-                f"use_precision_aware_optimizer supports adam only; got optimizer {group.optimizer!r}; "
-                "expected 'adam' (route this group to adam, or turn the precision-aware optimizer off)"
-            )
         for routed, name in zip(group.params, group.param_names):
             dtype = routed.param.dtype
             if dtype in _LOW_PRECISION and expected is not None and dtype != expected:

@@ -146,7 +146,8 @@ def test_list_json_has_every_optimizer_with_field_defaults(capsys: pytest.Captur
     assert by_name["adam"]["source"] == "torch"
     assert by_name["adam"]["fields"] == {
         "lr": None, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08,
-        "decoupled_weight_decay": True,
+        "decoupled_weight_decay": True, "use_precision_aware_optimizer": False, "main_params_dtype": "float32",
+        "exp_avg_dtype": "float32", "exp_avg_sq_dtype": "float32", "store_param_remainders": True,
     }  # fmt: skip
     assert by_name["sgd"]["fields"] == {"lr": None, "weight_decay": 0.01, "sgd_momentum": 0.9}
     for row in rows:

@@ -14,12 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from optimizers.precision_adam import (
-    PrecisionAwareAdam,
-    join_bf16_remainder,
-    round_half_up_to_bf16,
-    split_fp32,
-)
+from optimizers.bf16_remainder import join_bf16_remainder, round_half_up_to_bf16, split_fp32
+from optimizers.precision_adam import PrecisionAwareAdam
 from tests.optimizers.reference.precision_adam import (
     MasterAdam,
     round_half_away_to_bf16,
@@ -259,7 +255,7 @@ def test_moments_are_stored_in_their_dtype_and_equal_torch_with_rounded_moments(
     exp_avg_dtype: torch.dtype, exp_avg_sq_dtype: torch.dtype, state_bytes: int
 ) -> None:
     params = _params(torch.float32)
-    dtypes = {"exp_avg_dtype": exp_avg_dtype, "exp_avg_sq_dtype": exp_avg_sq_dtype}
+    dtypes: dict[str, Any] = {"exp_avg_dtype": exp_avg_dtype, "exp_avg_sq_dtype": exp_avg_sq_dtype}
     reference = MasterAdam(params, **dtypes, **HYPER)
     ours = PrecisionAwareAdam(params, **dtypes, **HYPER)
     generator = torch.Generator().manual_seed(8)
@@ -288,7 +284,7 @@ def test_low_precision_moments_converge_on_a_quadratic(dtype: torch.dtype) -> No
     for _ in range(200):
         opt.zero_grad()
         loss = 0.5 * (weight - target).square().sum()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     assert 0.5 * (weight - target).square().sum().item() < 0.01 * start
     assert opt.state[weight]["exp_avg"].dtype == dtype == opt.state[weight]["exp_avg_sq"].dtype
@@ -313,20 +309,29 @@ def test_float64_params_are_computed_in_float64() -> None:
         assert ours.state[p]["exp_avg"].dtype == torch.float32
 
 
-@pytest.mark.parametrize("master_dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_master_copies_are_stored_in_their_dtype(master_dtype: torch.dtype) -> None:
-    params = _params(torch.float32)
-    reference = MasterAdam(params, **HYPER)
-    ours = PrecisionAwareAdam(params, master_weights=True, master_weight_dtype=master_dtype, **HYPER)
-    grads = _grads(params, torch.Generator().manual_seed(10))
-    for p, g in zip(params, grads):
-        p.grad = g
-    ours.step()
-    reference.step(grads)
-    for i, p in enumerate(params):
-        # one step from an fp32 value: the param gets the fp32 result, the master its rounding
-        _assert_bitwise(p.detach(), reference.masters[i].detach(), f"param {i}")
-        _assert_bitwise(ours.state[p]["master_param"], reference.masters[i].detach().to(master_dtype), f"master {i}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_master_of_same_dtype_params_changes_nothing_but_is_stored(dtype: torch.dtype) -> None:
+    """A master in the params' own 16-bit dtype rounds each step exactly as the param does: the run
+    equals one without master weights, bit for bit, and the master equals the param."""
+    with_master, without = _params(dtype), _params(dtype)
+    ours = PrecisionAwareAdam(with_master, master_weights=True, master_weight_dtype=dtype, **HYPER)
+    plain = PrecisionAwareAdam(without, **HYPER)
+    generator = torch.Generator().manual_seed(10)
+    for _ in range(10):
+        for p, q, g in zip(with_master, without, _grads(with_master, generator)):
+            p.grad, q.grad = g, g.clone()
+        ours.step()
+        plain.step()
+    for p, q in zip(with_master, without):
+        _assert_bitwise(p.detach(), q.detach())
+        _assert_bitwise(ours.state[p]["master_param"], p.detach())
+
+
+def test_a_master_that_cannot_hold_the_params_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"param group #0, param #1: `master_weight_dtype` torch.float16 cannot hold every value of the param \(masters are stored unscaled\); got a torch.bfloat16 param; expected a param dtype in \[torch.float16\]"):
+        PrecisionAwareAdam([torch.ones(2, dtype=torch.float16), torch.ones(2, dtype=torch.bfloat16)], master_weights=True, master_weight_dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"`master_weight_dtype` torch.float32 cannot hold every value of the param .*; got a torch.float64 param; expected a param dtype in \[torch.float32, torch.bfloat16, torch.float16\]"):
+        PrecisionAwareAdam([torch.ones(2, dtype=torch.float64)], master_weights=True)
 
 
 def test_decoupled_grad_is_read_instead_of_grad_and_cleared_by_zero_grad() -> None:
@@ -360,22 +365,21 @@ def test_params_without_a_gradient_are_skipped() -> None:
 
 # --- state dict ---------------------------------------------------------------------------------
 
-CONFIGS: dict[str, dict[str, Any]] = {
-    "fp32": {},
-    "remainders-bf16-moments": {
+CONFIGS: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
+    "fp32": (torch.float32, {}),
+    "bf16-remainders-bf16-moments": (torch.bfloat16, {
         "master_weights": True, "store_param_remainders": True,
         "exp_avg_dtype": torch.bfloat16, "exp_avg_sq_dtype": torch.bfloat16,
-    },
-    "fp16-master-fp16-moments": {
-        "master_weights": True, "master_weight_dtype": torch.float16,
-        "exp_avg_dtype": torch.float16, "exp_avg_sq_dtype": torch.float16,
-    },
+    }),
+    "fp16-fp32-master-fp16-moments": (torch.float16, {
+        "master_weights": True, "exp_avg_dtype": torch.float16, "exp_avg_sq_dtype": torch.float16,
+    }),
+    "fp32-bf16-moment": (torch.float32, {"exp_avg_dtype": torch.bfloat16}),
 }
 
 
-@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_state_dict_round_trip_keeps_dtypes_and_resumes_bitwise(config: dict[str, Any]) -> None:
-    dtype = torch.bfloat16 if config.get("store_param_remainders") else torch.float32
+@pytest.mark.parametrize(("dtype", "config"), CONFIGS.values(), ids=CONFIGS.keys())
+def test_state_dict_round_trip_keeps_dtypes_and_resumes_bitwise(dtype: torch.dtype, config: dict[str, Any]) -> None:
     params = _params(dtype)
     opt = PrecisionAwareAdam(params, **config, **HYPER)
     generator = torch.Generator().manual_seed(12)
@@ -464,14 +468,16 @@ def test_bad_constructor_arguments_raise(kwargs: dict[str, Any], error: type[Exc
 
 def test_bad_params_raise_with_their_group_and_index() -> None:
     bf16, fp32 = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16)), torch.nn.Parameter(torch.ones(2))
+    lr_groups: list[dict[str, Any]] = [{"params": [fp32]}, {"params": [bf16], "lr": -0.5}]
     with pytest.raises(ValueError, match=r"param group #1, param #1: `store_param_remainders` needs bf16 params .*; got torch.float32; expected torch.bfloat16"):
-        PrecisionAwareAdam([{"params": [bf16]}, {"params": [bf16.clone(), fp32]}], master_weights=True, store_param_remainders=True)
+        groups: list[dict[str, Any]] = [{"params": [bf16]}, {"params": [torch.ones(2, dtype=torch.bfloat16), fp32]}]
+        PrecisionAwareAdam(groups, master_weights=True, store_param_remainders=True)
     with pytest.raises(ValueError, match=r"param group #0, param #0 \(`w`\): `store_param_remainders` needs bf16 params"):
         PrecisionAwareAdam([("w", fp32)], master_weights=True, store_param_remainders=True)
     with pytest.raises(TypeError, match=r"param group #0, param #0: dtype not supported; got torch.int64; expected one of"):
         PrecisionAwareAdam([torch.ones(2, dtype=torch.int64)])
     with pytest.raises(ValueError, match=r"param group #1: `lr`: must be non-negative; got -0.5"):
-        PrecisionAwareAdam([{"params": [fp32]}, {"params": [bf16], "lr": -0.5}])
+        PrecisionAwareAdam(lr_groups)
     opt = PrecisionAwareAdam([fp32])
     with pytest.raises(ValueError, match=r"param group #1: `betas`"):
         opt.add_param_group({"params": [bf16], "betas": (0.9, 1.5)})
@@ -497,5 +503,5 @@ def test_data_dependent_errors_raise_during_step() -> None:
     remainders = PrecisionAwareAdam([bf16], master_weights=True, store_param_remainders=True)
     bf16.data = bf16.data.float()  # cast after construction
     bf16.grad = torch.ones(3)
-    with pytest.raises(ValueError, match=r"param group #0, param #0: `store_param_remainders` needs bf16 params; got torch.float32"):
+    with pytest.raises(ValueError, match=r"param group #0, param #0: `store_param_remainders` needs bf16 params .*; got torch.float32; expected torch.bfloat16"):
         remainders.step()

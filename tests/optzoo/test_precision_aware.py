@@ -1,0 +1,124 @@
+"""use_precision_aware_optimizer through get_optimizer: typed state, remainders, skips, resume."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from optimizers.bf16_remainder import join_bf16_remainder
+from optimizers.precision_adam import PrecisionAwareAdam
+from optzoo import OptimizerConfig, ParamKey, get_optimizer
+from tests.conftest import tiny_gpt, tokens
+
+REMAINDERS = OptimizerConfig(lr=3e-3, weight_decay=0.1, bf16=True, use_precision_aware_optimizer=True)
+
+
+def _state_bytes_per_param(opt: torch.optim.Optimizer) -> float:
+    params = [p for g in opt.param_groups for p in g["params"]]
+    stored = sum(v.numel() * v.element_size() for s in opt.state.values() for k, v in s.items() if torch.is_tensor(v) and k != "step")
+    return stored / sum(p.numel() for p in params)
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[torch.Tensor]) -> None:
+    for batch in batches:
+        opt.zero_grad()
+        opt.scale_loss(model.loss(batch)).backward()  # type: ignore[attr-defined, operator]
+        opt.step()
+
+
+def test_bf16_with_remainders_keeps_int16_masters_and_steps_the_model_params() -> None:
+    model = tiny_gpt().to(torch.bfloat16)
+    opt = get_optimizer(REMAINDERS, model)
+    assert [type(o) for o in opt.optimizers] == [PrecisionAwareAdam]
+    assert all(p is q for g, models in zip(opt.param_groups, opt._model_params) for p, q in zip(g["params"], models))
+    _train(model, opt, [tokens() for _ in range(3)])
+    weight = model.decoder.layers[0].mlp.linear_fc1.weight
+    state = opt.state[weight]
+    assert state["master_param"].dtype == torch.int16 and state["exp_avg"].dtype == torch.float32
+    master = join_bf16_remainder(weight.detach(), state["master_param"])
+    assert master.dtype == torch.float32 and not torch.equal(master, weight.float())
+    # 4 (exp_avg) + 4 (exp_avg_sq) + 2 (remainder) bytes per parameter, against 4 + 4 + 4 with an fp32 master.
+    assert _state_bytes_per_param(opt) == 10.0
+
+
+def test_low_precision_moments_cut_state_bytes() -> None:
+    config = REMAINDERS.replace(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16)
+    model = tiny_gpt().to(torch.bfloat16)
+    opt = get_optimizer(config, model)
+    _train(model, opt, [tokens()])
+    assert {s["exp_avg"].dtype for s in opt.state.values()} == {torch.bfloat16}
+    assert _state_bytes_per_param(opt) == 6.0
+    fp32_master = get_optimizer(config.replace(store_param_remainders=False), tiny_gpt().to(torch.bfloat16))
+    assert {type(o) for o in fp32_master.optimizers} == {PrecisionAwareAdam}
+
+
+def test_equals_precision_aware_adam_driven_directly() -> None:
+    model, direct_model = tiny_gpt().to(torch.bfloat16), tiny_gpt().to(torch.bfloat16)
+    direct_model.load_state_dict(model.state_dict())
+    config = REMAINDERS.replace(clip_grad=0.0)
+    opt = get_optimizer(config, model, {})
+    direct = PrecisionAwareAdam(
+        direct_model.parameters(), lr=3e-3, weight_decay=0.1, master_weights=True, store_param_remainders=True,
+    )
+    for _ in range(5):
+        batch = tokens()
+        opt.zero_grad()
+        model.loss(batch).backward()
+        opt.step()
+        direct.zero_grad()
+        direct_model.loss(batch).backward()
+        direct.step()
+    for p, q in zip(model.parameters(), direct_model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_fp16_precision_aware_skips_overflow_without_touching_state() -> None:
+    config = OptimizerConfig(lr=1e-3, fp16=True, use_precision_aware_optimizer=True, store_param_remainders=False, initial_loss_scale=2.0**10)
+    model = tiny_gpt().half()
+    opt = get_optimizer(config, model)
+    _train(model, opt, [tokens()])
+    snapshot = [v.clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    params = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    opt.scale_loss(model.loss(tokens())).backward()
+    model.output_layer.weight.grad[0, 0] = float("inf")
+    assert opt.step() == (False, None, None)
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]))
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+
+
+def test_resume_with_remainders_is_bit_identical() -> None:
+    batches = [tokens() for _ in range(6)]
+    torch.manual_seed(7)
+    straight = tiny_gpt().to(torch.bfloat16)
+    torch.manual_seed(7)
+    runner = tiny_gpt().to(torch.bfloat16)
+    opt, runner_opt = get_optimizer(REMAINDERS, straight), get_optimizer(REMAINDERS, runner)
+    _train(straight, opt, batches)
+    _train(runner, runner_opt, batches[:3])
+    buffer = io.BytesIO()
+    torch.save({"model": runner.state_dict(), "opt": runner_opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=False)
+    fresh = tiny_gpt().to(torch.bfloat16)
+    fresh.load_state_dict(saved["model"])
+    fresh_opt = get_optimizer(REMAINDERS, fresh)
+    fresh_opt.load_state_dict(saved["opt"])
+    assert fresh_opt.state[fresh.output_layer.weight]["master_param"].dtype == torch.int16
+    _train(fresh, fresh_opt, batches[3:])
+    for p, q in zip(straight.parameters(), fresh.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_other_optimizers_are_refused_per_group() -> None:
+    with pytest.raises(ValueError, match=r"param group #1 \(rules #0 name='\*.weight'\): `OptimizerConfig.optimizer`: use_precision_aware_optimizer supports adam only; got 'lion'; expected 'adam'"):
+        get_optimizer(REMAINDERS, tiny_gpt().to(torch.bfloat16), {ParamKey(name="*.weight"): {"optimizer": "lion"}})
+
+
+def test_remainders_need_bf16_params() -> None:
+    model = tiny_gpt().to(torch.bfloat16)
+    model.output_layer.float()
+    with pytest.raises(ValueError, match=r"`output_layer.weight`: store_param_remainders needs bf16 parameters; got torch.float32"):
+        get_optimizer(REMAINDERS, model)
