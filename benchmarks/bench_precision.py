@@ -9,13 +9,13 @@ has it). Bytes are measured from the actual tensors: optimizer state plus fp32 m
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import pytest
 import torch
 from tabulate import tabulate
 
+from benchmarks._timing import round_robin_medians
 from optimizers.registry import fused_supported
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.models import GPT, GPTConfig
@@ -73,15 +73,7 @@ def _step(opt: torch.optim.Optimizer, model: torch.nn.Module) -> Callable[[], ob
 def compare(hidden: int = 512, layers: int = 4, repeats: int = 5) -> list[list[object]]:
     candidates = _candidates(hidden, layers)
     steps = {name: _step(opt, model) for name, (opt, model) in candidates.items()}
-    for step in steps.values():
-        step()  # lazy state
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            started = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - started)
-    medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    medians = round_robin_medians(steps, repeats)
     baseline = next(iter(medians.values()))
     return [
         [name, medians[name] * 1e3, medians[name] / baseline, _bytes_per_param(opt, model)]

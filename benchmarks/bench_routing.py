@@ -25,7 +25,13 @@ import pytest
 import torch
 from torch import nn
 
-from routing import ParamKey, ParamPredicate, ParamWithNamePredicate, Routing, resolve_param_groups
+from routing import (
+    ParamKey,
+    ParamPredicate,
+    ParamWithNamePredicate,
+    Routing,
+    resolve_param_groups,
+)
 
 NUM_PARAMS = 10_000
 NUM_KEYS = 50

@@ -7,14 +7,19 @@ side in one process), or through pytest-benchmark: ``make bench``.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import pytest
 import torch
 from tabulate import tabulate
 
-from optzoo import OptimizerConfig, ParamKey, get_optimizer, get_standard_config_overrides
+from benchmarks._timing import round_robin_medians
+from optzoo import (
+    OptimizerConfig,
+    ParamKey,
+    get_optimizer,
+    get_standard_config_overrides,
+)
 from optzoo.models import GPT, GPTConfig
 
 
@@ -57,15 +62,7 @@ def compare(hidden: int = 512, layers: int = 8, repeats: int = 10) -> list[list[
     model = _model(hidden, layers)
     candidates = _candidates(model)
     steps: dict[str, Callable[[], object]] = {name: opt.step for name, opt in candidates.items()}
-    for step in steps.values():
-        step()  # warm up: lazy state, torch.compile of Lion's update
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            started = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - started)
-    medians = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    medians = round_robin_medians(steps, repeats)
     baseline = medians["torch AdamW foreach"]
     return [[name, seconds * 1e3, seconds / baseline] for name, seconds in medians.items()]
 
