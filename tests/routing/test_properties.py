@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
