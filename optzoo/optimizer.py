@@ -175,22 +175,31 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
                 model.grad = None  # the low-precision copy is no longer needed
         return main_grads
 
-    def _unscale_and_check(self, grads: list[torch.Tensor]) -> bool:
-        """Multiply by ``inv_scale`` and find inf/NaN in one foreach pass; all ranks agree."""
+    def _unscale_and_check(self, grads: list[torch.Tensor]) -> tuple[bool, torch.Tensor | None]:
+        """Find inf/NaN; returns ``(found_inf, global norm or None)``.
+
+        With a scaler: unscale by ``inv_scale`` and check in one foreach pass. Without one there
+        is nothing to unscale, so one read pass computes the global norm (reused for clipping)
+        and a non-finite norm means an inf/NaN gradient (or a norm beyond fp32's range).
+        """
+        if not grads:
+            return False, None
+        if self.grad_scaler is None:
+            norm = _global_norm(grads)
+            return not bool(torch.isfinite(norm).item()), norm
         self._found_inf.zero_()
-        inv_scale = self.grad_scaler.inv_scale if self.grad_scaler is not None else self._one
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for grad in grads:
             by_dtype.setdefault(grad.dtype, []).append(grad)
         for same_dtype in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, self._found_inf, inv_scale)
-        return bool(self._found_inf.item() > 0)
+            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, self._found_inf, self.grad_scaler.inv_scale)
+        return bool(self._found_inf.item() > 0), None
 
-    def _clip(self, grads: list[torch.Tensor]) -> float:
-        """Global L2 norm; scale by ``clip_grad / (norm + 1e-6)`` when that is below 1 (Megatron)."""
-        total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    def _clip(self, grads: list[torch.Tensor], norm: torch.Tensor | None) -> float:
+        """Scale by ``clip_grad / (norm + 1e-6)`` where that is below 1 (Megatron's rule)."""
+        total = norm if norm is not None else _global_norm(grads)
         coefficient = torch.clamp(self.config.clip_grad / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coefficient.to(grads[0].device) if grads else coefficient)
+        torch._foreach_mul_(grads, coefficient)
         return float(total)
 
     @torch.no_grad()
@@ -220,7 +229,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         with self._timed("optimizer-copy-to-main-grad"):
             grads = self._copy_model_grads_to_main_grads()
         with self._timed("optimizer-unscale-and-check-inf"):
-            found_inf = self._unscale_and_check(grads)
+            found_inf, norm = self._unscale_and_check(grads)
         if self.grad_scaler is not None:
             self.grad_scaler.update(found_inf)
         if found_inf:
@@ -228,7 +237,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         grad_norm: float | None = None
         if self.config.clip_grad > 0.0 and grads:
             with self._timed("optimizer-clip-main-grad"):
-                grad_norm = self._clip(grads)
+                grad_norm = self._clip(grads, norm)
         num_zeros: int | None = None
         if self.config.log_num_zeros_in_grad:
             with self._timed("optimizer-count-zeros"):
@@ -397,6 +406,13 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
 
 ChainedOptimizer = MixedPrecisionOptimizer
 """What :func:`get_optimizer` returns, whatever the precision (the base of both wrappers)."""
+
+
+def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over every gradient, accumulated in fp32 whatever the grads' dtype."""
+    norms = [n.to(grads[0].device) for n in torch._foreach_norm(grads, 2, dtype=torch.float32)]
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    return total
 
 
 def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:
