@@ -47,13 +47,32 @@ def split_fp32(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if master.dtype != torch.float32:
         raise TypeError(f"`master`: split_fp32 cuts float32 bit patterns; got {master.dtype}; expected torch.float32")
+    high = torch.empty_like(master, dtype=torch.bfloat16)
+    remainder = torch.empty_like(master, dtype=torch.int16)
+    split_fp32_into_(master, high, remainder)
+    return high, remainder
+
+
+def split_fp32_into_(master: torch.Tensor, high: torch.Tensor, remainder: torch.Tensor) -> None:
+    """:func:`split_fp32` written into existing ``high`` (bf16) and ``remainder`` (int16) tensors.
+
+    Same values, bit for bit, without fp32-sized temporaries beyond one int32 tensor: the
+    precision-aware optimizer writes the model param and its stored remainder this way.
+
+    Args:
+        master: float32 values (not checked: :func:`split_fp32` is the checked entry point).
+        high: bfloat16 tensor of ``master``'s shape, overwritten with the high halves.
+        remainder: int16 tensor of ``master``'s shape, overwritten with the remainders.
+    """
     bits = master.view(torch.int32)
     # Converting int32 to int16 keeps the low 16 bits (two's complement), i.e. the signed remainder.
-    remainder = bits.to(torch.int16)
-    # `bits >> 16` is arithmetic: the high half, sign-extended, in [-2**15, 2**15). Adding the
-    # carry cannot overflow int32; it reaches 2**15 only for the NaNs above, where .to wraps.
-    high = ((bits >> 16) + (remainder < 0)).to(torch.int16)
-    return high.view(torch.bfloat16), remainder
+    remainder.copy_(bits)
+    # high + carry, where carry is bit 15 (low bits >= 0x8000): ((bits >> 15) + 1) >> 1, all in
+    # int32 with arithmetic shifts (no overflow: bits >> 15 < 2**16). It reaches 2**15 only for
+    # the NaNs above, where the int32 -> int16 copy wraps, as .to does.
+    carried = bits >> 15
+    carried.add_(1).bitwise_right_shift_(1)
+    high.view(torch.int16).copy_(carried)
 
 
 def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
@@ -90,7 +109,9 @@ def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Te
         )
     # high << 16 lies in [-2**31, 2**31 - 2**16]; the sum overflows int32 only for the wrapped
     # NaNs documented in split_fp32, where two's complement wrap-around restores their bits.
-    bits = (high.view(torch.int16).to(torch.int32) << 16) + remainder
+    bits = high.view(torch.int16).to(torch.int32)
+    # In place, and int32 + int32 (an int32 + int16 add takes torch's slower casting path).
+    bits.bitwise_left_shift_(16).add_(remainder.to(torch.int32))
     return bits.view(torch.float32)
 
 

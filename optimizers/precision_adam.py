@@ -2,7 +2,9 @@
 
 Megatron-Core's ``use_precision_aware_optimizer`` hands these options to Transformer Engine's
 ``FusedAdam``. This module is our own device-agnostic torch version of that optimizer: the
-storage policy (which dtype holds what) is TE's, the arithmetic is ``torch.optim.Adam(W)``'s.
+storage policy (which dtype holds what) is TE's, the arithmetic is ``torch.optim.Adam(W)``'s:
+by default torch's own fused (or foreach) kernel, one param at a time, or the plain per-tensor
+:func:`adam_update_` (``fused=False, foreach=False``), a transcription of torch's single-tensor Adam.
 
 The bf16 + remainder encoding (``store_param_remainders``) stores an fp32 master as the bf16
 model param plus an int16 holding the master's low 16 bits. Cutting the fp32 bit pattern into
@@ -17,9 +19,11 @@ from collections.abc import Callable
 from typing import Any, overload, override
 
 import torch
+from torch.optim.adam import adam as torch_adam
 from torch.optim.optimizer import ParamsT, StateDict
 
-from optimizers.bf16_remainder import join_bf16_remainder, split_fp32
+from optimizers.bf16_remainder import join_bf16_remainder, split_fp32_into_
+from optimizers.registry import fused_supported
 
 MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``exp_avg`` and ``exp_avg_sq`` may be stored in (TE also offers fp8, which we lack)."""
@@ -116,13 +120,22 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
     round-to-nearest-even from the master, or with remainders as
     :func:`optimizers.bf16_remainder.split_fp32`'s high half.
 
+    The arithmetic runs in one of three kernels, chosen per param group at construction: torch's
+    fused Adam (via :func:`torch.optim.adam.adam`, ``fused=True``; the default where the
+    device has it, bitwise ``torch.optim.AdamW(fused=True)`` on the master), torch's foreach Adam
+    (the default elsewhere; bitwise ``foreach=True``), or the plain per-tensor
+    :func:`adam_update_` (``fused=False, foreach=False``; bitwise ``foreach=False``). The fused
+    kernel does the update in one pass, but rounds differently from the plain one (its own
+    operation order), so the paths agree to fp32 rounding, not bitwise. Every kernel is called on
+    one param at a time, so at most one fp32 master is rebuilt at once.
+
     Reference implementation: TE ``FusedAdam``,
     https://github.com/NVIDIA/TransformerEngine/blob/04912bf024514826f31cc02485d396974af68516/transformer_engine/pytorch/optimizers/fused_adam.py
     and its remainder kernel,
     https://github.com/NVIDIA/TransformerEngine/blob/c250752ab27c9d84da0334022b05717792b4d730/transformer_engine/common/multi_tensor/adam.cu
 
     Deviations from TE:
-        * Arithmetic follows torch's single-tensor Adam (same bits as ``torch.optim.AdamW``), not
+        * Arithmetic is torch's Adam (same bits as ``torch.optim.AdamW`` with the same kernel), not
           TE's kernel, which divides ``m`` and ``v`` by their bias corrections first.
         * fp16 moments and masters are stored with a plain cast: TE keeps a per-tensor fp32 scale
           for them. A plain fp16 ``exp_avg_sq`` (about g**2) overflows once |g| stays above ~256
@@ -154,12 +167,20 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         exp_avg_sq_dtype: storage dtype of ``exp_avg_sq``, same choices.
         use_decoupled_grad: read ``p.decoupled_grad`` instead of ``p.grad`` (Megatron sets it when
             the grad dtype differs from the param's). Default False.
+        fused: torch's fused kernel. None (default): where every param of the group is on a device
+            with one (``torch.utils._foreach_utils._get_fused_kernels_supported_devices()``) and
+            ``foreach`` is not True; True: required (else ValueError); False: not used. Unlike
+            ``torch.optim.Adam``, whose fused default is off, this defaults to on: it is the
+            fastest kernel here, and ``step`` then lives on the param's device as float32.
+        foreach: torch's foreach kernel, used when the fused one is not: None (default) and True
+            use it, False selects the plain per-tensor path (with ``fused`` not True).
 
     Raises:
         TypeError: a dtype argument is not a ``torch.dtype``, or a param's dtype is unsupported.
-        ValueError: a hyperparameter is out of range, an option cannot take effect, a param cannot
-            be held by the master dtype or the remainders, or (during ``step``) a gradient is
-            sparse or misshapen.
+        ValueError: a hyperparameter is out of range, an option cannot take effect (``fused=True``
+            with ``foreach=True`` or on a device without the kernel), a param cannot be held by
+            the master dtype or the remainders, or (during ``step``) a gradient is sparse or
+            misshapen.
 
     Example:
         >>> w = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
@@ -185,6 +206,8 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         exp_avg_dtype: torch.dtype = torch.float32,
         exp_avg_sq_dtype: torch.dtype = torch.float32,
         use_decoupled_grad: bool = False,
+        fused: bool | None = None,
+        foreach: bool | None = None,
     ) -> None:
         _check_dtype("exp_avg_dtype", exp_avg_dtype, MOMENT_DTYPES)
         _check_dtype("exp_avg_sq_dtype", exp_avg_sq_dtype, MOMENT_DTYPES)
@@ -213,7 +236,7 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         self.use_decoupled_grad = use_decoupled_grad
         defaults = {
             "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-            "decoupled_weight_decay": decoupled_weight_decay,
+            "decoupled_weight_decay": decoupled_weight_decay, "fused": fused, "foreach": foreach,
         }
         super().__init__(params, defaults)
 
@@ -237,6 +260,27 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
             raise ValueError(f"{where}: `betas`: each must lie in [0, 1); got {betas}; expected (beta1, beta2) in [0, 1)")
         for i, param in enumerate(group["params"]):
             self._check_param(param, _where(group, index, i))
+        self._choose_kernel(group, where)
+
+    @staticmethod
+    def _choose_kernel(group: dict[str, Any], where: str) -> None:
+        """Resolve the group's ``fused`` / ``foreach`` to bools: fused, else foreach, else plain."""
+        fused, foreach = group["fused"], group["foreach"]
+        for name, value in (("fused", fused), ("foreach", foreach)):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{where}: `{name}`: must be a bool or None; got {value!r}; expected True, False or None")
+        if fused and foreach:
+            raise ValueError(f"{where}: `fused`, `foreach`: pick one kernel; got fused=True, foreach=True; expected at most one True")
+        params = group["params"]
+        if fused is None:
+            fused = foreach is not True and fused_supported(params)
+        elif fused and not fused_supported(params):
+            devices = sorted({p.device.type for p in params if not fused_supported([p])})
+            raise ValueError(
+                f"{where}: `fused`: torch has no fused Adam kernel for these params; got devices {devices}; "
+                "expected devices in torch.utils._foreach_utils._get_fused_kernels_supported_devices(), or fused=None"
+            )
+        group["fused"], group["foreach"] = fused, foreach is not False and not fused
 
     def _check_param(self, param: torch.Tensor, where: str) -> None:
         """The param's dtype suits the storage options (at construction, and at each step in case
@@ -284,19 +328,31 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
         self._check_step_inputs(param, grad, _where(group, group_index, param_index))
         state = self.state[param]
         if not state:
-            self._init_state(param, state)
+            self._init_state(param, state, group)
         # float64 params keep float64 math; everything else is computed in float32, as in TE.
         compute = torch.float64 if param.dtype == torch.float64 else torch.float32
         master = self._read_master(param, state, compute)
         exp_avg = state["exp_avg"].to(compute)  # .to returns the tensor itself when no cast is needed
         exp_avg_sq = state["exp_avg_sq"].to(compute)
-        state["step"] += 1
         beta1, beta2 = group["betas"]
-        adam_update_(
-            master, grad.to(compute), exp_avg, exp_avg_sq, step=state["step"].item(), lr=float(group["lr"]),
-            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-            decoupled_weight_decay=group["decoupled_weight_decay"],
-        )
+        if group["fused"] or group["foreach"]:
+            if group["fused"] and state["step"].device != param.device:  # saved by a non-fused group
+                state["step"] = state["step"].to(param.device)
+            # One-element lists: torch's kernel, the transient fp32 master of one param at a time.
+            # It adds 1 to ``step`` itself; grads are read, never written (maximize=False).
+            torch_adam(
+                [master], [grad.to(compute)], [exp_avg], [exp_avg_sq], [], [state["step"]],
+                foreach=group["foreach"], fused=group["fused"], decoupled_weight_decay=group["decoupled_weight_decay"],
+                amsgrad=False, beta1=beta1, beta2=beta2, lr=float(group["lr"]), weight_decay=group["weight_decay"],
+                eps=group["eps"], maximize=False,
+            )
+        else:
+            state["step"] += 1
+            adam_update_(
+                master, grad.to(compute), exp_avg, exp_avg_sq, step=state["step"].item(), lr=float(group["lr"]),
+                beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                decoupled_weight_decay=group["decoupled_weight_decay"],
+            )
         _store(state["exp_avg"], exp_avg)
         _store(state["exp_avg_sq"], exp_avg_sq)
         self._write_master(param, state, master)
@@ -311,9 +367,10 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
             raise ValueError(f"{where}: `{source}` shape differs from the param's; got {tuple(grad.shape)}; expected {tuple(param.shape)}")
         self._check_param(param, where)  # the model may have been cast since construction
 
-    def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
-        # A float32 CPU scalar, as torch's non-capturable Adam keeps it.
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+    def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        # A float32 scalar where torch's Adam keeps it: on the param's device for the fused kernel
+        # (which reads it there), else on the CPU.
+        state["step"] = torch.tensor(0.0, dtype=torch.float32, device=param.device if group["fused"] else "cpu")
         state["exp_avg"] = torch.zeros_like(param, dtype=self.exp_avg_dtype, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(param, dtype=self.exp_avg_sq_dtype, memory_format=torch.preserve_format)
         if self.store_param_remainders:  # zero remainders: the master starts equal to the bf16 param
@@ -329,13 +386,28 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
 
     def _write_master(self, param: torch.Tensor, state: dict[str, Any], master: torch.Tensor) -> None:
         if self.store_param_remainders:
-            high, remainder = split_fp32(master)
-            param.copy_(high)
-            state["master_param"].copy_(remainder)
+            split_fp32_into_(master, param.data, state["master_param"])
             return
         if self.master_weights:
             _store(state["master_param"], master)
         _store(param, master)  # from the computed master, as TE writes the model param
+
+    @torch.no_grad()
+    def reload_master_weights_(self) -> None:
+        """Make every master equal its param again (after weights were loaded into the model).
+
+        A full master copy takes the param's value; a remainder becomes zero, so the fp32 master
+        is exactly the bf16 param.
+        """
+        for group in self.param_groups:
+            for param in group["params"]:
+                master = self.state.get(param, {}).get("master_param")
+                if master is None:
+                    continue
+                if self.store_param_remainders:
+                    master.zero_()
+                else:
+                    master.copy_(param)
 
     @override
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -359,25 +431,33 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
 
         torch casts every floating state tensor to its param's dtype (bf16 moments of an fp32
         param would come back fp32; int16 remainders would be cast to bf16 values), so the
-        moments, masters and ``step`` are re-read from ``state_dict`` after torch loads it. The
-        check is made first, so a rejected state dict leaves this optimizer unchanged.
+        moments, masters and ``step`` are re-read from ``state_dict`` after torch loads it. As in
+        torch, the groups' ``fused`` / ``foreach`` come from the state dict (a state dict saved
+        before they existed keeps this optimizer's), and ``step`` is placed for that kernel. The
+        checks are made first, so a rejected state dict leaves this optimizer unchanged.
 
         Raises:
             ValueError: a param's saved master does not match this optimizer's master
-                representation (none, a float copy, or int16 remainders).
+                representation (none, a float copy, or int16 remainders), or a saved group
+                asks for the fused kernel on a device without one.
         """
-        saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
-        params = [p for group in self.param_groups for p in group["params"]]
+        kernels: list[dict[str, Any]] = []
         restored: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
-        for saved_id, param in zip(saved_ids, params):  # unequal counts: torch raises below
-            saved = state_dict["state"].get(saved_id)
-            if saved is not None:
-                restored[param] = self._restore(saved, param, saved_id)
+        for index, (saved_group, group) in enumerate(zip(state_dict["param_groups"], self.param_groups)):
+            kernel = {"params": group["params"]} | {k: saved_group.get(k, group[k]) for k in ("fused", "foreach")}
+            self._choose_kernel(kernel, f"`state_dict['param_groups'][{index}]`")
+            kernels.append(kernel)
+            for saved_id, param in zip(saved_group["params"], group["params"]):  # unequal counts: torch raises below
+                saved = state_dict["state"].get(saved_id)
+                if saved is not None:
+                    restored[param] = self._restore(saved, param, saved_id, fused=kernel["fused"])
         super().load_state_dict(state_dict)
+        for group, kernel in zip(self.param_groups, kernels):
+            group["fused"], group["foreach"] = kernel["fused"], kernel["foreach"]
         for param, values in restored.items():
             self.state[param].update(values)
 
-    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int) -> dict[str, torch.Tensor]:
+    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int, *, fused: bool) -> dict[str, torch.Tensor]:
         master = saved.get("master_param")
         found = _master_kind(master)
         wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
@@ -390,7 +470,8 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
             )
         values: dict[str, torch.Tensor] = {}
         if "step" in saved:
-            values["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).clone()
+            device = param.device if fused else torch.device("cpu")  # where _init_state puts it
+            values["step"] = torch.as_tensor(saved["step"]).to(device=device, dtype=torch.float32, copy=True)
         for key, dtype in (("exp_avg", self.exp_avg_dtype), ("exp_avg_sq", self.exp_avg_sq_dtype)):
             if key in saved:
                 values[key] = saved[key].to(device=param.device, dtype=dtype, copy=True)

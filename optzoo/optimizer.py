@@ -112,10 +112,18 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def reload_model_params(self) -> None:
-        """Refresh the main params from the model (after loading weights without the optimizer)."""
+        """Refresh the main params from the model (after loading weights without the optimizer).
+
+        Covers fp32 main copies here and master weights an inner optimizer keeps in its state
+        (the precision-aware Adam's ``reload_master_weights_``).
+        """
         for _, model, main in self._pairs():
             if main is not model:
                 main.copy_(model)
+        for opt in self.optimizers:
+            reload = getattr(opt, "reload_master_weights_", None)
+            if callable(reload):
+                reload()
 
     # ---- step ----------------------------------------------------------------------------
 
@@ -409,8 +417,15 @@ ChainedOptimizer = MixedPrecisionOptimizer
 
 
 def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm over every gradient, accumulated in fp32 whatever the grads' dtype."""
-    norms = [n.to(grads[0].device) for n in torch._foreach_norm(grads, 2, dtype=torch.float32)]
+    """L2 norm over every gradient, accumulated in fp32 (fp64 for fp64 grads)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(torch.promote_types(grad.dtype, torch.float32), []).append(grad)
+    norms = [
+        norm.to(device=grads[0].device, dtype=torch.float64 if torch.float64 in by_dtype else torch.float32)
+        for dtype, same in by_dtype.items()
+        for norm in torch._foreach_norm(same, 2, dtype=dtype)
+    ]
     total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
     return total
 

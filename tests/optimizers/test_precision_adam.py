@@ -1,9 +1,12 @@
 """PrecisionAwareAdam and its bf16 + int16 remainder encoding against independent references.
 
-The references are torch.optim.AdamW/Adam (foreach=False) over master copies and a float64
-rounding on the bf16 grid (tests/optimizers/reference/precision_adam.py). Every comparison is
-exact: the optimizer runs the same float32 kernels in the same order as torch's single-tensor
-Adam, and every rounding (fp32 to bf16 or fp16, nearest-even or half-away) is deterministic.
+The references are torch.optim.AdamW/Adam over master copies and a float64 rounding on the bf16
+grid (tests/optimizers/reference/precision_adam.py). Each of the optimizer's three paths is
+compared with the torch kernel it runs or transcribes: the plain per-tensor path with torch's
+single-tensor Adam (``foreach=False``), the fused and foreach paths with ``fused=True`` and
+``foreach=True``. Those comparisons are exact: the same float32 operations in the same order, and
+every rounding (fp32 to bf16 or fp16, nearest-even or half-away) is deterministic. Across paths
+(fused against plain) the results agree within a stated tolerance only.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from optimizers.bf16_remainder import join_bf16_remainder, round_half_up_to_bf16, split_fp32
 from optimizers.precision_adam import PrecisionAwareAdam
 from tests.optimizers.reference.precision_adam import (
+    Kernel,
     MasterAdam,
     round_half_away_to_bf16,
     round_nearest_even_to_bf16,
@@ -24,6 +28,13 @@ from tests.optimizers.reference.precision_adam import (
 
 SHAPES = [(5, 7), (33, 65), (7,)]
 HYPER: dict[str, Any] = {"lr": 1e-2, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1}
+PATHS: dict[str, tuple[dict[str, Any], Kernel]] = {
+    "plain": ({"fused": False, "foreach": False}, "single"),
+    "fused": ({"fused": True}, "fused"),
+    "foreach": ({"foreach": True}, "foreach"),
+}
+"""Each path of PrecisionAwareAdam (its constructor options) and the torch.optim kernel it equals."""
+path_ids = pytest.mark.parametrize("path", PATHS)
 
 
 def _int32(*patterns: int) -> torch.Tensor:
@@ -146,11 +157,13 @@ def test_join_and_split_reject_wrong_dtypes_and_shapes() -> None:
 # --- the optimizer against torch.optim ----------------------------------------------------------
 
 
+@path_ids
 @pytest.mark.parametrize("decoupled", [True, False], ids=["adamw", "adam-l2"])
-def test_all_fp32_equals_torch_single_tensor_adam_bitwise(decoupled: bool) -> None:
+def test_all_fp32_equals_torch_adam_with_the_same_kernel_bitwise(decoupled: bool, path: str) -> None:
+    options, kernel = PATHS[path]
     params = _params(torch.float32)
-    reference = MasterAdam(params, decoupled=decoupled, **HYPER)
-    ours = PrecisionAwareAdam(params, decoupled_weight_decay=decoupled, **HYPER)
+    reference = MasterAdam(params, decoupled=decoupled, kernel=kernel, **HYPER)
+    ours = PrecisionAwareAdam(params, decoupled_weight_decay=decoupled, **options, **HYPER)
     generator = torch.Generator().manual_seed(4)
     for _ in range(20):
         grads = _grads(params, generator)
@@ -158,7 +171,7 @@ def test_all_fp32_equals_torch_single_tensor_adam_bitwise(decoupled: bool) -> No
             p.grad = g
         ours.step()
         reference.step(grads)
-    # Same float32 kernels in the same order as torch's _single_tensor_adam: identical bits.
+    # The same float32 operations in the same order as the torch kernel: identical bits.
     for i, (p, expected) in enumerate(zip(params, reference.model())):
         _assert_bitwise(p.detach(), expected, f"param {i}")
         for key in ("exp_avg", "exp_avg_sq"):
@@ -166,12 +179,14 @@ def test_all_fp32_equals_torch_single_tensor_adam_bitwise(decoupled: bool) -> No
         assert ours.state[p]["step"].item() == 20 and "master_param" not in ours.state[p]
 
 
+@pytest.mark.parametrize("path", ["plain", "fused"])  # foreach: fp32, remainder and moment tests
 @pytest.mark.parametrize("model_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("decoupled", [True, False], ids=["adamw", "adam-l2"])
-def test_half_params_with_fp32_masters_follow_torch_on_the_masters(model_dtype: torch.dtype, decoupled: bool) -> None:
+def test_half_params_with_fp32_masters_follow_torch_on_the_masters(model_dtype: torch.dtype, decoupled: bool, path: str) -> None:
+    options, kernel = PATHS[path]
     params = _params(model_dtype)
-    reference = MasterAdam(params, decoupled=decoupled, **HYPER)  # model = master.to(dtype): nearest even
-    ours = PrecisionAwareAdam(params, decoupled_weight_decay=decoupled, master_weights=True, **HYPER)
+    reference = MasterAdam(params, decoupled=decoupled, kernel=kernel, **HYPER)  # model = master.to(dtype): nearest even
+    ours = PrecisionAwareAdam(params, decoupled_weight_decay=decoupled, master_weights=True, **options, **HYPER)
     generator = torch.Generator().manual_seed(5)
     for step in range(100):
         grads = _grads(params, generator)
@@ -190,10 +205,12 @@ def test_half_params_with_fp32_masters_follow_torch_on_the_masters(model_dtype: 
             _assert_bitwise(ours.state[p][key], reference.moment(i, key), f"{key} {i}")
 
 
-def test_remainders_are_bit_identical_to_an_fp32_master_rounded_half_away() -> None:
+@path_ids
+def test_remainders_are_bit_identical_to_an_fp32_master_rounded_half_away(path: str) -> None:
+    options, kernel = PATHS[path]
     params = _params(torch.bfloat16)
-    reference = MasterAdam(params, to_model=round_half_away_to_bf16, **HYPER)
-    ours = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, **HYPER)
+    reference = MasterAdam(params, to_model=round_half_away_to_bf16, kernel=kernel, **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, **options, **HYPER)
     generator = torch.Generator().manual_seed(6)
     for step in range(200):
         grads = _grads(params, generator)
@@ -239,9 +256,48 @@ def test_remainders_and_nearest_even_masters_share_the_master_and_differ_only_on
     assert ties > 0
 
 
+@pytest.mark.parametrize(
+    ("dtype", "config"),
+    [(torch.float32, {}), (torch.bfloat16, {"master_weights": True, "store_param_remainders": True})],
+    ids=["fp32", "bf16-remainders"],
+)
+def test_fused_and_plain_paths_agree_to_fp32_rounding(dtype: torch.dtype, config: dict[str, Any]) -> None:
+    """Each path is bitwise its torch kernel (above); across paths only rounding differs: torch's
+    fused kernel associates differently (``v * beta2 + g * g * (1 - beta2)``, ``step_size * m /
+    denom``) and rounds in other places. ``exp_avg_sq`` is a sum of non-negative terms, so each
+    step's gap is a couple of fp32 roundings relative to it, and older gaps decay by ``beta2``:
+    we allow 2**-23 / (1 - beta2) relative (2 ulps of 2**-24 per step, summed over the decay).
+    Masters (and ``exp_avg``) carry that through ``sqrt`` plus one rounding per step: we allow
+    8 fp32 ulps (2**-20) relative plus 1e-6 absolute near zero, four orders below one step's
+    update (lr = 1e-2), so an error in the update rule would fail. bf16 params add one bf16
+    rounding on top: one bf16 spacing, 2**-7 relative. Measured here (CPU, torch 2.14): masters
+    2.4e-7 apart at most, ``exp_avg_sq`` 2.8e-7 relative, ``exp_avg`` and bf16 params equal."""
+    fused_params, plain_params = _params(dtype), _params(dtype)
+    fused = PrecisionAwareAdam(fused_params, **config, **PATHS["fused"][0], **HYPER)
+    plain = PrecisionAwareAdam(plain_params, **config, **PATHS["plain"][0], **HYPER)
+    generator = torch.Generator().manual_seed(15)
+    for _ in range(200):
+        for p, q, g in zip(fused_params, plain_params, _grads(fused_params, generator)):
+            p.grad, q.grad = g, g.clone()
+        fused.step()
+        plain.step()
+    exp_avg_sq_rtol = 2**-23 / (1 - HYPER["betas"][1])
+    for p, q in zip(fused_params, plain_params):
+        torch.testing.assert_close(fused.state[p]["exp_avg_sq"], plain.state[q]["exp_avg_sq"], atol=0, rtol=exp_avg_sq_rtol)
+        torch.testing.assert_close(fused.state[p]["exp_avg"], plain.state[q]["exp_avg"], atol=1e-6, rtol=2**-20)
+        if "store_param_remainders" in config:
+            masters = [join_bf16_remainder(r.detach(), opt.state[r]["master_param"]) for r, opt in ((p, fused), (q, plain))]
+            torch.testing.assert_close(masters[0], masters[1], atol=1e-6, rtol=2**-20)
+            torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=2**-7)
+        else:
+            torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=2**-20)
+        assert fused.state[p]["step"].item() == plain.state[q]["step"].item() == 200
+
+
 # --- low-precision moments ----------------------------------------------------------------------
 
 
+@path_ids
 @pytest.mark.parametrize(
     ("exp_avg_dtype", "exp_avg_sq_dtype", "state_bytes"),
     [
@@ -252,12 +308,13 @@ def test_remainders_and_nearest_even_masters_share_the_master_and_differ_only_on
     ],
 )
 def test_moments_are_stored_in_their_dtype_and_equal_torch_with_rounded_moments(
-    exp_avg_dtype: torch.dtype, exp_avg_sq_dtype: torch.dtype, state_bytes: int
+    exp_avg_dtype: torch.dtype, exp_avg_sq_dtype: torch.dtype, state_bytes: int, path: str
 ) -> None:
+    options, kernel = PATHS[path]
     params = _params(torch.float32)
     dtypes: dict[str, Any] = {"exp_avg_dtype": exp_avg_dtype, "exp_avg_sq_dtype": exp_avg_sq_dtype}
-    reference = MasterAdam(params, **dtypes, **HYPER)
-    ours = PrecisionAwareAdam(params, **dtypes, **HYPER)
+    reference = MasterAdam(params, kernel=kernel, **dtypes, **HYPER)
+    ours = PrecisionAwareAdam(params, **options, **dtypes, **HYPER)
     generator = torch.Generator().manual_seed(8)
     for _ in range(50):
         grads = _grads(params, generator)
@@ -275,11 +332,12 @@ def test_moments_are_stored_in_their_dtype_and_equal_torch_with_rounded_moments(
         assert moment_bytes == state_bytes * p.numel()
 
 
+@path_ids
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_moments_converge_on_a_quadratic(dtype: torch.dtype) -> None:
+def test_low_precision_moments_converge_on_a_quadratic(dtype: torch.dtype, path: str) -> None:
     weight = torch.nn.Parameter(torch.zeros(5, 7))
     target = torch.randn(5, 7)
-    opt = PrecisionAwareAdam([weight], lr=0.05, exp_avg_dtype=dtype, exp_avg_sq_dtype=dtype)
+    opt = PrecisionAwareAdam([weight], lr=0.05, exp_avg_dtype=dtype, exp_avg_sq_dtype=dtype, **PATHS[path][0])
     start = 0.5 * target.square().sum().item()
     for _ in range(200):
         opt.zero_grad()
@@ -290,13 +348,62 @@ def test_low_precision_moments_converge_on_a_quadratic(dtype: torch.dtype) -> No
     assert opt.state[weight]["exp_avg"].dtype == dtype == opt.state[weight]["exp_avg_sq"].dtype
 
 
+# --- kernel choice ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fused", "foreach", "chosen"),
+    [
+        (None, None, "fused"),
+        (None, False, "fused"),
+        (True, None, "fused"),
+        (True, False, "fused"),
+        (None, True, "foreach"),
+        (False, None, "foreach"),
+        (False, True, "foreach"),
+        (False, False, "plain"),
+    ],
+)
+def test_kernel_choice_is_fused_then_foreach_then_plain(fused: bool | None, foreach: bool | None, chosen: str) -> None:
+    opt = PrecisionAwareAdam(_params(torch.bfloat16), master_weights=True, fused=fused, foreach=foreach)
+    group = opt.param_groups[0]
+    assert (group["fused"], group["foreach"]) == (chosen == "fused", chosen == "foreach")
+
+
+def test_without_a_fused_kernel_the_default_is_foreach() -> None:
+    # torch has no fused kernel on the meta device (nor in _get_fused_kernels_supported_devices)
+    on_meta = [torch.nn.Parameter(torch.empty(3, device="meta"))]
+    default = PrecisionAwareAdam(on_meta).param_groups[0]
+    assert (default["fused"], default["foreach"]) == (False, True)
+    plain = PrecisionAwareAdam(on_meta, foreach=False).param_groups[0]
+    assert (plain["fused"], plain["foreach"]) == (False, False)
+    with pytest.raises(ValueError, match=r"param group #0: `fused`: torch has no fused Adam kernel for these params; got devices \['meta'\]; expected devices in"):
+        PrecisionAwareAdam(on_meta, fused=True)
+
+
+def test_kernels_are_chosen_per_group_and_step_is_placed_for_the_kernel() -> None:
+    fused_param, plain_param = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    groups: list[dict[str, Any]] = [{"params": [fused_param]}, {"params": [plain_param], "fused": False, "foreach": False}]
+    opt = PrecisionAwareAdam(groups)
+    assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(True, False), (False, False)]
+    fused_param.grad, plain_param.grad = torch.ones(3), torch.ones(3)
+    opt.step()
+    for param in (fused_param, plain_param):  # a float32 scalar, as torch keeps it (on the param's device when fused)
+        step = opt.state[param]["step"]
+        assert step.dtype == torch.float32 and step.shape == () and step.item() == 1 and step.device == param.device
+
+
 # --- other dtypes and gradient sources ----------------------------------------------------------
 
 
-def test_float64_params_are_computed_in_float64() -> None:
+@path_ids
+def test_float64_params_are_computed_in_float64(path: str) -> None:
+    options, kernel = PATHS[path]
     params = _params(torch.float64)
-    reference = MasterAdam(params, master_dtype=torch.float64, exp_avg_dtype=torch.float32, exp_avg_sq_dtype=torch.float32, **HYPER)
-    ours = PrecisionAwareAdam(params, **HYPER)  # moments stored in the default float32
+    reference = MasterAdam(
+        params, master_dtype=torch.float64, exp_avg_dtype=torch.float32, exp_avg_sq_dtype=torch.float32, kernel=kernel, **HYPER
+    )
+    ours = PrecisionAwareAdam(params, **options, **HYPER)  # moments stored in the default float32
     generator = torch.Generator().manual_seed(9)
     for _ in range(20):
         grads = _grads(params, generator)
@@ -309,13 +416,14 @@ def test_float64_params_are_computed_in_float64() -> None:
         assert ours.state[p]["exp_avg"].dtype == torch.float32
 
 
+@path_ids
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_16_bit_master_of_same_dtype_params_changes_nothing_but_is_stored(dtype: torch.dtype) -> None:
+def test_a_16_bit_master_of_same_dtype_params_changes_nothing_but_is_stored(dtype: torch.dtype, path: str) -> None:
     """A master in the params' own 16-bit dtype rounds each step exactly as the param does: the run
     equals one without master weights, bit for bit, and the master equals the param."""
     with_master, without = _params(dtype), _params(dtype)
-    ours = PrecisionAwareAdam(with_master, master_weights=True, master_weight_dtype=dtype, **HYPER)
-    plain = PrecisionAwareAdam(without, **HYPER)
+    ours = PrecisionAwareAdam(with_master, master_weights=True, master_weight_dtype=dtype, **PATHS[path][0], **HYPER)
+    plain = PrecisionAwareAdam(without, **PATHS[path][0], **HYPER)
     generator = torch.Generator().manual_seed(10)
     for _ in range(10):
         for p, q, g in zip(with_master, without, _grads(with_master, generator)):
@@ -334,10 +442,12 @@ def test_a_master_that_cannot_hold_the_params_is_rejected() -> None:
         PrecisionAwareAdam([torch.ones(2, dtype=torch.float64)], master_weights=True)
 
 
-def test_decoupled_grad_is_read_instead_of_grad_and_cleared_by_zero_grad() -> None:
+@path_ids
+def test_decoupled_grad_is_read_instead_of_grad_and_cleared_by_zero_grad(path: str) -> None:
+    options, kernel = PATHS[path]
     params = _params(torch.bfloat16)
-    reference = MasterAdam(params, **HYPER)
-    ours = PrecisionAwareAdam(params, master_weights=True, use_decoupled_grad=True, **HYPER)
+    reference = MasterAdam(params, kernel=kernel, **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, use_decoupled_grad=True, **options, **HYPER)
     generator = torch.Generator().manual_seed(11)
     for _ in range(10):
         grads = _grads(params, generator, dtype=torch.float32)  # fp32 grads for bf16 params
@@ -378,8 +488,10 @@ CONFIGS: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
 }
 
 
+@path_ids
 @pytest.mark.parametrize(("dtype", "config"), CONFIGS.values(), ids=CONFIGS.keys())
-def test_state_dict_round_trip_keeps_dtypes_and_resumes_bitwise(dtype: torch.dtype, config: dict[str, Any]) -> None:
+def test_state_dict_round_trip_keeps_dtypes_and_resumes_bitwise(dtype: torch.dtype, config: dict[str, Any], path: str) -> None:
+    config = config | PATHS[path][0]
     params = _params(dtype)
     opt = PrecisionAwareAdam(params, **config, **HYPER)
     generator = torch.Generator().manual_seed(12)
@@ -394,6 +506,7 @@ def test_state_dict_round_trip_keeps_dtypes_and_resumes_bitwise(dtype: torch.dty
     twin.load_state_dict(copy.deepcopy(opt.state_dict()))
     for p, q in zip(params, twin_params):
         assert {k: v.dtype for k, v in opt.state[p].items()} == {k: v.dtype for k, v in twin.state[q].items()}
+    assert [(g["fused"], g["foreach"]) for g in twin.param_groups] == [(g["fused"], g["foreach"]) for g in opt.param_groups]
 
     for step_grads in grads[5:]:
         for p, q, g in zip(params, twin_params, step_grads):
@@ -441,6 +554,80 @@ def test_load_state_dict_rejects_another_master_representation(saving: dict[str,
     assert not other.state  # a rejected state dict changes nothing
 
 
+def test_load_state_dict_takes_the_kernel_from_the_state_dict_as_torch_does() -> None:
+    params = _params(torch.float32)
+    plain = PrecisionAwareAdam(params, **PATHS["plain"][0])
+    for p, g in zip(params, _grads(params, torch.Generator().manual_seed(16))):
+        p.grad = g
+    plain.step()
+    assert (plain.state_dict()["param_groups"][0]["fused"], plain.state_dict()["param_groups"][0]["foreach"]) == (False, False)
+    default = PrecisionAwareAdam(params)
+    default.load_state_dict(plain.state_dict())
+    assert (default.param_groups[0]["fused"], default.param_groups[0]["foreach"]) == (False, False)
+
+    old_format = copy.deepcopy(plain.state_dict())
+    for group in old_format["param_groups"]:  # saved before the kernel options existed
+        del group["fused"], group["foreach"]
+    default = PrecisionAwareAdam(params)
+    default.load_state_dict(old_format)
+    assert (default.param_groups[0]["fused"], default.param_groups[0]["foreach"]) == (True, False)
+    for p in params:
+        _assert_bitwise(default.state[p]["exp_avg"], plain.state[p]["exp_avg"])
+
+
+def test_load_state_dict_rejects_a_fused_kernel_the_device_lacks() -> None:
+    on_meta = [torch.nn.Parameter(torch.empty(3, device="meta"))]
+    opt = PrecisionAwareAdam(on_meta)
+    state_dict = opt.state_dict()
+    state_dict["param_groups"][0].update(fused=True, foreach=False)
+    with pytest.raises(ValueError, match=r"`state_dict\['param_groups'\]\[0\]`: `fused`: torch has no fused Adam kernel for these params; got devices \['meta'\]"):
+        opt.load_state_dict(state_dict)
+    assert (opt.param_groups[0]["fused"], opt.param_groups[0]["foreach"]) == (False, True)
+
+
+def test_get_optimizer_uses_the_fused_path_and_its_checkpoints_keep_step_as_torch_places_it() -> None:
+    """optzoo's wrapper places ``step`` by the group's ``fused`` key when it loads a checkpoint."""
+    from optzoo import OptimizerConfig, get_optimizer
+    from tests.conftest import tiny_gpt, tokens
+
+    config = OptimizerConfig(lr=1e-3, bf16=True, use_precision_aware_optimizer=True)
+    model = tiny_gpt().to(torch.bfloat16)
+    opt = get_optimizer(config, model)
+    assert all(g["fused"] is True and g["foreach"] is False for g in opt.param_groups)
+    opt.scale_loss(model.loss(tokens())).backward()  # type: ignore[no-untyped-call]
+    opt.step()
+    fresh_model = tiny_gpt().to(torch.bfloat16)
+    fresh_model.load_state_dict(model.state_dict())
+    fresh = get_optimizer(config, fresh_model)
+    fresh.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for param in fresh_model.parameters():
+        step = fresh.state[param]["step"]
+        assert step.dtype == torch.float32 and step.device == param.device and step.item() == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; the CPU tests above cover every path")
+def test_fused_path_on_cuda_keeps_step_on_the_device_and_equals_torch_fused_bitwise() -> None:
+    device = torch.device("cuda")
+    params = [torch.nn.Parameter(p.detach().to(device)) for p in _params(torch.bfloat16)]
+    reference = MasterAdam(params, to_model=round_half_away_to_bf16, kernel="fused", **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, **HYPER)
+    assert ours.param_groups[0]["fused"] is True
+    generator = torch.Generator().manual_seed(17)
+    for _ in range(20):
+        grads = [g.to(device) for g in _grads(params, generator)]
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+    for i, (p, expected) in enumerate(zip(params, reference.model())):
+        _assert_bitwise(p.detach(), expected, f"param {i}")
+        step = ours.state[p]["step"]
+        assert step.device == p.device and step.dtype == torch.float32 and step.item() == 20
+    twin = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, **HYPER)
+    twin.load_state_dict(copy.deepcopy(ours.state_dict()))
+    assert all(twin.state[p]["step"].device == p.device for p in params)
+
+
 # --- bad arguments ------------------------------------------------------------------------------
 
 
@@ -459,6 +646,9 @@ def test_load_state_dict_rejects_another_master_representation(saving: dict[str,
         ({"master_weight_dtype": torch.bfloat16}, ValueError, r"`master_weight_dtype`: takes effect only with master_weights=True; got torch.bfloat16 with master_weights=False"),
         ({"store_param_remainders": True}, ValueError, r"`store_param_remainders`: .*; got master_weights=False; expected master_weights=True or store_param_remainders=False"),
         ({"store_param_remainders": True, "master_weights": True, "master_weight_dtype": torch.float16}, ValueError, r"`store_param_remainders`: .*; got master_weight_dtype=torch.float16; expected torch.float32"),
+        ({"fused": True, "foreach": True}, ValueError, r"param group #0: `fused`, `foreach`: pick one kernel; got fused=True, foreach=True; expected at most one True"),
+        ({"fused": 1}, TypeError, r"param group #0: `fused`: must be a bool or None; got 1; expected True, False or None"),
+        ({"foreach": "yes"}, TypeError, r"param group #0: `foreach`: must be a bool or None; got 'yes'"),
     ],
 )
 def test_bad_constructor_arguments_raise(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:

@@ -122,3 +122,16 @@ def test_remainders_need_bf16_params() -> None:
     model.output_layer.float()
     with pytest.raises(ValueError, match=r"`output_layer.weight`: store_param_remainders needs bf16 parameters; got torch.float32"):
         get_optimizer(REMAINDERS, model)
+
+
+@pytest.mark.parametrize("remainders", [True, False], ids=["remainders", "fp32-master"])
+def test_reload_model_params_refreshes_the_optimizers_masters(remainders: bool) -> None:
+    model = tiny_gpt().to(torch.bfloat16)
+    opt = get_optimizer(REMAINDERS.replace(store_param_remainders=remainders, lr=0.0, weight_decay=0.0), model)
+    _train(model, opt, [tokens()])
+    loaded = tiny_gpt().to(torch.bfloat16).state_dict()
+    model.load_state_dict(loaded)  # new weights, without the optimizer
+    opt.reload_model_params()
+    _train(model, opt, [tokens()])  # lr 0: the step must keep the loaded weights
+    for name, param in model.named_parameters():
+        assert torch.equal(param, loaded[name]), name

@@ -1,13 +1,15 @@
 """Independent references for ``optimizers.precision_adam``: no bit tricks, torch.optim for the math.
 
 ``round_half_away_to_bf16`` rounds by float64 arithmetic on the bf16 grid (no integer views), and
-``MasterAdam`` is torch.optim.AdamW/Adam (foreach=False) over master copies whose model view is a
-rounding of the masters, with moments optionally rounded through a storage dtype after each step.
+``MasterAdam`` is torch.optim.AdamW/Adam (with a chosen kernel: single-tensor, foreach or fused)
+over master copies whose model view is a rounding of the masters, with moments optionally rounded
+through a storage dtype after each step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 
@@ -34,13 +36,22 @@ def round_half_away_to_bf16(x: torch.Tensor) -> torch.Tensor:
     return rounded.to(torch.bfloat16)  # every value here is a bf16 value: the cast is exact
 
 
+Kernel = Literal["single", "foreach", "fused"]
+"""Which of torch.optim's Adam implementations steps the masters."""
+KERNEL_OPTIONS: dict[Kernel, dict[str, bool]] = {
+    "single": {"foreach": False},
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+}
+
+
 def round_nearest_even_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """torch's own fp32 to bf16 conversion (round to nearest, ties to even)."""
     return x.to(torch.bfloat16)
 
 
 class MasterAdam:
-    """torch.optim Adam(W) (foreach=False) over master copies of the model params.
+    """torch.optim Adam(W) over master copies of the model params.
 
     Args:
         model: the params the optimizer under test updates (only their values are read).
@@ -49,6 +60,7 @@ class MasterAdam:
         exp_avg_dtype, exp_avg_sq_dtype: moments are rounded through these after every step,
             as storing them in that dtype would.
         decoupled: AdamW if True, Adam with L2 decay if False.
+        kernel: torch's single-tensor (``foreach=False``, the default), foreach or fused Adam.
         hyperparameters: lr, betas, eps, weight_decay for torch.optim.
     """
 
@@ -61,6 +73,7 @@ class MasterAdam:
         exp_avg_dtype: torch.dtype = torch.float32,
         exp_avg_sq_dtype: torch.dtype = torch.float32,
         decoupled: bool = True,
+        kernel: Kernel = "single",
         **hyperparameters: object,
     ) -> None:
         self.masters = [p.detach().to(master_dtype, copy=True).requires_grad_() for p in model]
@@ -68,7 +81,7 @@ class MasterAdam:
         self.to_model = to_model
         self.moment_dtypes = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype}
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-        self.optimizer = cls(self.masters, foreach=False, **hyperparameters)  # type: ignore[arg-type]
+        self.optimizer = cls(self.masters, **KERNEL_OPTIONS[kernel], **hyperparameters)  # type: ignore[arg-type]
 
     def step(self, grads: Sequence[torch.Tensor]) -> None:
         for master, grad in zip(self.masters, grads):
