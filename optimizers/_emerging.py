@@ -38,3 +38,27 @@ def newton_schulz_coefficient_types() -> tuple[str, ...]:
         raise ImportError(_MISSING) from error
     sets: dict[str, Any] = muon_utils._COEFFICIENT_SETS
     return tuple(sets)
+
+
+def newton_schulz_coefficient_sets() -> dict[str, tuple[tuple[float, float, float], ...]]:
+    """Upstream's named coefficient sets (``muon_utils._COEFFICIENT_SETS``), as tuples of ``(a, b, c)``."""
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon_utils
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    sets: dict[str, Any] = muon_utils._COEFFICIENT_SETS
+    return {name: tuple((float(a), float(b), float(c)) for a, b, c in values) for name, values in sets.items()}
+
+
+def newton_schulz(x: torch.Tensor, *, steps: int, coefficient_type: str, eps: float = 1e-7) -> torch.Tensor:
+    """Upstream's ``muon_utils.newton_schulz`` on a float32 2-D or 3-D tensor: the reference for ours.
+
+    Like upstream, it reads torch's float32 matmul precision (``medium`` casts to bf16) instead of
+    taking it as an argument.
+    """
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon_utils
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    result: torch.Tensor = muon_utils.newton_schulz(x, steps, coefficient_type, eps=eps)
+    return result
