@@ -15,13 +15,14 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from optimizers.newton_schulz import CoefficientType, MatmulPrecision
 from optimizers.registry import registered_names
 
 MuonScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
-MuonCoefficientType = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4"]
+MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
 MuonScalarOptimizer = Literal["adam", "lion"]
-MuonMatmulPrecision = Literal["highest", "high", "medium"]
+MuonMatmulPrecision = MatmulPrecision
 AdaptiveMuonMoment2Method = Literal["adamuon", "normuon", "namo"]
 
 SCHEDULE_KEYS: tuple[str, ...] = ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd")
