@@ -38,6 +38,13 @@ class OptimizerSpec:
     """Maps the group's resolved config fields to torch param-group hyperparameters."""
     build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer]
     """Builds the optimizer from complete param groups and the instance fields."""
+    accepts: Callable[[torch.Tensor], bool] | None = None
+    """Shape constraint (``None``: any param); the others go to ``fallback_field``'s optimizer."""
+    declines: Callable[[torch.Tensor], bool] | None = None
+    """Params it could take but leaves to the fallback unless a rule routes them to it
+    explicitly (Muon: embeddings and output layers, ``use_muon=False``)."""
+    fallback_field: str | None = None
+    """Config field naming the optimizer for the params above, e.g. ``muon_scalar_optimizer``."""
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}

@@ -88,14 +88,16 @@ def group_rows(groups: Sequence[ResolvedGroup]) -> list[list[Any]]:
 GROUP_HEADERS = ["group", "optimizer", "lr", "weight_decay", "other overrides", "params", "elements"]
 
 
-def explain_rows(routing: Routing, num_chunks: int) -> list[list[Any]]:
+def explain_rows(groups: Sequence[ResolvedGroup], routing: Routing, num_chunks: int) -> list[list[Any]]:
     """One row per parameter name: name, group, shape, the rules that matched it."""
     rows = []
-    for index, group in enumerate(routing.groups):
+    for group in groups:
         for routed in group.params:
-            rules = "; ".join(f"#{k} {routing.keys[k].describe()}" for k in routed.matched) or "-"
+            reasons = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
+            if group.auto_routed:
+                reasons.append(group.auto_routed)
             for name in qualified_names(routed, num_chunks):
-                rows.append([name, index, "x".join(map(str, routed.param.shape)) or "scalar", rules])
+                rows.append([name, group.index, "x".join(map(str, routed.param.shape)) or "scalar", "; ".join(reasons) or "-"])
     return rows
 
 
@@ -122,7 +124,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
     if args.explain:
         print()
-        print(tabulate(explain_rows(routing, len(chunks)), headers=["parameter", "group", "shape", "matched rules"], tablefmt="simple"))
+        print(tabulate(explain_rows(groups, routing, len(chunks)), headers=["parameter", "group", "shape", "matched rules"], tablefmt="simple"))
     return 0
 
 

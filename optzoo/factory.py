@@ -27,6 +27,8 @@ def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing, num_chunk
             for name in qualified_names(routed, num_chunks):
                 mapping[name] = group.index
                 provenance[name] = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
+                if group.auto_routed:
+                    provenance[name].append(group.auto_routed)
     return {
         "param_to_group": mapping,
         "matched_rules": provenance,

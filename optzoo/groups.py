@@ -103,6 +103,8 @@ class ResolvedGroup:
     params: tuple[RoutedParam, ...]
     param_names: tuple[str, ...]
     """Unique names (chunk-qualified when there are several chunks), parallel to ``params``."""
+    auto_routed: str | None = None
+    """Why these params were moved to a fallback optimizer (e.g. Muon's scalar optimizer)."""
 
     @property
     def optimizer(self) -> str:
@@ -141,6 +143,7 @@ class ResolvedGroup:
             "weight_decay": self.weight_decay,
             "wd_mult": self.wd_mult,
             "override": {k: _jsonable(v) for k, v in self.override.items()},
+            "auto_routed": self.auto_routed,
             "num_params": len(self.params),
             "num_elements": sum(routed.param.numel() for routed in self.params),
             "config": {
@@ -201,7 +204,7 @@ def resolve_groups(
         _warn_if_decoupled_lr_is_unused(config, overrides)
     # The standard rules are ours, not the user's: one that matches nothing is not a typo.
     routing = resolve_param_groups(chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None)
-    resolved = []
+    resolved: list[ResolvedGroup] = []
     for index, group in enumerate(routing.groups):
         rules = sorted({k for routed in group.params for k in routed.matched})
         subject = f"param group #{index} (rules {', '.join(f'#{k} {routing.keys[k].describe()}' for k in rules) or 'none'})"
@@ -211,35 +214,92 @@ def resolve_groups(
             group_config = config.replace(**config_fields)
         except ValueError as error:
             raise ValueError(f"{subject}: {error}") from None
-        if "lr" in override and "max_lr" in override and override["lr"] != override["max_lr"]:
-            raise ValueError(
-                f"`{subject}`: `lr` and `max_lr` disagree; got lr={override['lr']!r}, "
-                f"max_lr={override['max_lr']!r}; expected one of them, or equal values"
-            )
-        lr = override.get("max_lr", group_config.lr)
-        if lr is None:
-            raise ValueError(
-                f"`OptimizerConfig.lr`: required to build an optimizer; got None for {subject}; "
-                "expected a float >= 0 (set config.lr, or max_lr in an override)"
-            )
-        wd_mult = float(override.get("wd_mult", 1.0))
-        for name in ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd"):
-            value = override.get(name)
-            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
-                raise ValueError(f"`{subject}`: `{name}` must be a float >= 0; got {value!r}; expected e.g. 0.0")
-        resolved.append(
-            ResolvedGroup(
-                index=index,
-                config=group_config,
-                override=override,
-                lr=float(lr),
-                min_lr=override.get("min_lr", group_config.min_lr),
-                weight_decay=group_config.weight_decay * wd_mult,
-                wd_mult=wd_mult,
-                start_wd=float(override.get("start_wd", group_config.weight_decay)),
-                end_wd=float(override.get("end_wd", group_config.weight_decay)),
-                params=group.params,
-                param_names=tuple(qualified_names(p, len(chunks))[0] for p in group.params),
-            )
-        )
+        for part_config, part_params, reason in _split_by_shape(group_config, group.params, override, routing, len(chunks)):
+            resolved.append(_resolve_one(len(resolved), part_config, override, part_params, reason, subject, len(chunks)))
     return resolved, routing
+
+
+def _split_by_shape(
+    config: OptimizerConfig,
+    params: tuple[RoutedParam, ...],
+    override: Mapping[str, Any],
+    routing: Routing,
+    num_chunks: int,
+) -> list[tuple[OptimizerConfig, tuple[RoutedParam, ...], str | None]]:
+    """Hand the params an algorithm does not take (Muon: non-2-D, embeddings) to its fallback.
+
+    A param is moved to the optimizer named by the spec's ``fallback_field`` (e.g.
+    ``muon_scalar_optimizer``) when the algorithm cannot take its shape, or by default declines
+    it (embedding/output, ``use_muon=False``), unless a user rule set ``optimizer`` for it: a rule
+    may route a 2-D embedding to Muon, but routing a non-2-D param there is an error.
+    """
+    spec = get_spec(config.optimizer)
+    if spec.accepts is None or spec.fallback_field is None:
+        return [(config, params, None)]
+    fallback = getattr(config, spec.fallback_field)
+    explicit = "optimizer" in override
+    kept, moved = [], []
+    for routed in params:
+        if not spec.accepts(routed.param):
+            if explicit:
+                rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
+                raise ValueError(
+                    f"`{qualified_names(routed, num_chunks)[0]}` ({routed.param.dim()}-D, shape "
+                    f"{tuple(routed.param.shape)}): routed to {spec.name} by rule {' '.join(rules)}; "
+                    f"got a shape {spec.name} does not take ({spec.shapes}); expected it routed to "
+                    f"another optimizer, e.g. {fallback!r}"
+                )
+            moved.append(routed)
+        elif spec.declines is not None and spec.declines(routed.param) and not explicit:
+            moved.append(routed)
+        else:
+            kept.append(routed)
+    parts: list[tuple[OptimizerConfig, tuple[RoutedParam, ...], str | None]] = []
+    if kept:
+        parts.append((config, tuple(kept), None))
+    if moved:
+        reason = f"auto: {spec.name} takes {spec.shapes} -> {spec.fallback_field}={fallback!r}"
+        parts.append((config.replace(optimizer=fallback), tuple(moved), reason))
+    return parts
+
+
+def _resolve_one(
+    index: int,
+    group_config: OptimizerConfig,
+    override: dict[str, Any],
+    params: tuple[RoutedParam, ...],
+    auto_routed: str | None,
+    subject: str,
+    num_chunks: int,
+) -> ResolvedGroup:
+    """Effective lr and weight decay, and the schedule keys, of one group."""
+    if "lr" in override and "max_lr" in override and override["lr"] != override["max_lr"]:
+        raise ValueError(
+            f"`{subject}`: `lr` and `max_lr` disagree; got lr={override['lr']!r}, "
+            f"max_lr={override['max_lr']!r}; expected one of them, or equal values"
+        )
+    lr = override.get("max_lr", group_config.lr)
+    if lr is None:
+        raise ValueError(
+            f"`OptimizerConfig.lr`: required to build an optimizer; got None for {subject}; "
+            "expected a float >= 0 (set config.lr, or max_lr in an override)"
+        )
+    wd_mult = float(override.get("wd_mult", 1.0))
+    for name in ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd"):
+        value = override.get(name)
+        if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+            raise ValueError(f"`{subject}`: `{name}` must be a float >= 0; got {value!r}; expected e.g. 0.0")
+    return ResolvedGroup(
+        index=index,
+        config=group_config,
+        override=override,
+        lr=float(lr),
+        min_lr=override.get("min_lr", group_config.min_lr),
+        weight_decay=group_config.weight_decay * wd_mult,
+        wd_mult=wd_mult,
+        start_wd=float(override.get("start_wd", group_config.weight_decay)),
+        end_wd=float(override.get("end_wd", group_config.weight_decay)),
+        params=params,
+        param_names=tuple(qualified_names(p, num_chunks)[0] for p in params),
+        auto_routed=auto_routed,
+    )

@@ -181,11 +181,11 @@ def test_dump_default_config_puts_matrices_in_group_0_and_biases_norms_in_a_wd0_
     group0, group1 = document["groups"]
     assert group0 == {
         "index": 0, "optimizer": "adam", "lr": 1e-3, "min_lr": None, "weight_decay": 0.01, "wd_mult": 1.0,
-        "override": {}, "num_params": 11, "num_elements": 475136,
+        "override": {}, "auto_routed": None, "num_params": 11, "num_elements": 475136,
     }  # fmt: skip
     assert group1 == {
         "index": 1, "optimizer": "adam", "lr": 1e-3, "min_lr": None, "weight_decay": 0.0, "wd_mult": 0.0,
-        "override": {"wd_mult": 0.0}, "num_params": 18, "num_elements": 3584,
+        "override": {"wd_mult": 0.0}, "auto_routed": None, "num_params": 18, "num_elements": 3584,
     }  # fmt: skip
 
 
