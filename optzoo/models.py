@@ -47,6 +47,9 @@ class _Attention(nn.Module):
             )
         self.num_heads = heads
         self.linear_qkv = nn.Linear(hidden, 3 * hidden)
+        # Megatron's fused layout: per query group (here every head) its q, k and v rows in
+        # turn; Muon's QKV split orthogonalises each block separately.
+        self.linear_qkv.weight.qkv_split_shapes = [hidden // heads] * 3  # type: ignore[assignment]
         self.linear_proj = nn.Linear(hidden, hidden)
         head_dim = hidden // heads
         self.q_layernorm = nn.LayerNorm(head_dim) if config.qk_layernorm else None
@@ -54,8 +57,8 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
-        qkv = self.linear_qkv(x).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        qkv = self.linear_qkv(x).view(batch, seq, self.num_heads, 3, hidden // self.num_heads)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4)
         if self.q_layernorm is not None and self.k_layernorm is not None:
             q, k = self.q_layernorm(q), self.k_layernorm(k)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
