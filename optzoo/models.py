@@ -49,7 +49,7 @@ class _Attention(nn.Module):
         self.linear_qkv = nn.Linear(hidden, 3 * hidden)
         # Megatron's fused layout: per query group (here every head) its q, k and v rows in
         # turn; Muon's QKV split orthogonalises each block separately.
-        self.linear_qkv.weight.qkv_split_shapes = [hidden // heads] * 3  # type: ignore[assignment]
+        self.linear_qkv.weight.qkv_split_shapes = [hidden // heads] * 3  # type: ignore[attr-defined]
         self.linear_proj = nn.Linear(hidden, hidden)
         head_dim = hidden // heads
         self.q_layernorm = nn.LayerNorm(head_dim) if config.qk_layernorm else None
