@@ -30,6 +30,24 @@ def lion(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     return optimizer
 
 
+def soap(param_groups: list[dict[str, Any]], *, use_kl_shampoo: bool) -> torch.optim.Optimizer:
+    """``emerging_optimizers.soap.SOAP`` (Vyas et al., 2024) over complete groups.
+
+    Groups carry ``lr``, ``weight_decay``, ``betas``, ``eps`` and ``shampoo_beta``; the
+    instance-level ``use_kl_shampoo`` is its own argument (upstream keeps it on the instance).
+    Upstream 0.3.0 refreshes its preconditioner every step and takes 2-D params only.
+    """
+    try:
+        from emerging_optimizers.soap.soap import SOAP
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    first = param_groups[0]
+    optimizer: torch.optim.Optimizer = SOAP(
+        param_groups, lr=first["lr"], weight_decay_method="decoupled", use_kl_shampoo=use_kl_shampoo
+    )
+    return optimizer
+
+
 def newton_schulz_coefficient_types() -> tuple[str, ...]:
     """The named coefficient sets upstream offers (``custom`` needs explicit numbers: excluded)."""
     try:
@@ -62,3 +80,42 @@ def newton_schulz(x: torch.Tensor, *, steps: int, coefficient_type: str, eps: fl
         raise ImportError(_MISSING) from error
     result: torch.Tensor = muon_utils.newton_schulz(x, steps, coefficient_type, eps=eps)
     return result
+
+
+def muon(params: Any, **options: Any) -> torch.optim.Optimizer:
+    """``emerging_optimizers.orthogonalized_optimizers.Muon`` with upstream's own argument names:
+    the reference for :class:`optimizers.muon.Muon` (tests and benchmarks only).
+
+    Its settings are instance-wide (group keys other than ``lr``, ``momentum`` and
+    ``weight_decay`` are ignored), it takes float32 2-D params only, and it sets torch's float32
+    matmul precision to ``fp32_matmul_prec`` (default ``medium``) around each orthogonalisation.
+    """
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon as upstream
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    optimizer: torch.optim.Optimizer = upstream.Muon(params, **options)
+    return optimizer
+
+
+def adaptive_muon(params: Any, **options: Any) -> torch.optim.Optimizer:
+    """``emerging_optimizers.orthogonalized_optimizers.AdaptiveMuon`` (its second moment is
+    ``state["moment2_buffer"]``): the reference for :class:`optimizers.adaptive_muon.AdaptiveMuon`.
+
+    Upstream requires ``lr``, ``momentum`` and ``weight_decay``; the rest is as :func:`muon`.
+    """
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import AdaptiveMuon
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    optimizer: torch.optim.Optimizer = AdaptiveMuon(params, **options)
+    return optimizer
+
+
+def muon_scale_factor(rows: int, cols: int, mode: str) -> float:
+    """Upstream's ``get_muon_scale_factor(size_out=rows, size_in=cols, mode=mode)``."""
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon as upstream
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    return float(upstream.get_muon_scale_factor(rows, cols, mode=mode))

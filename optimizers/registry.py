@@ -177,3 +177,45 @@ register(
         build=lambda groups, _: _emerging.lion(groups),
     )
 )
+
+
+def _is_matrix(param: torch.Tensor) -> bool:
+    return param.dim() == 2
+
+
+def _embedding_output_or_opted_out(param: torch.Tensor) -> bool:
+    """Megatron-Core hands embeddings/output layers (and ``use_muon=False``) to the scalar optimizer."""
+    return bool(getattr(param, "is_embedding_or_output_parameter", False)) or getattr(param, "use_muon", True) is False
+
+
+def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    if instance["soap_precondition_frequency"] != 1:
+        # emerging-optimizers 0.3.0 refreshes the eigenbasis every step and has no such option;
+        # Megatron-Core passes the field nowhere. Refuse rather than ignore it.
+        raise ValueError(
+            "`OptimizerConfig.soap_precondition_frequency`: emerging-optimizers 0.3.0's SOAP "
+            f"refreshes its preconditioner every step; got {instance['soap_precondition_frequency']!r}; expected 1"
+        )
+    return _emerging.soap(groups, use_kl_shampoo=instance["soap_use_kl_shampoo"])
+
+
+register(
+    OptimizerSpec(
+        name="soap",
+        description="SOAP: Adam in Shampoo's eigenbasis (Vyas et al., 2024); other params -> muon_scalar_optimizer",
+        source="emerging-optimizers",
+        shapes="2-D only",
+        config_fields=(
+            "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
+            "soap_use_kl_shampoo", "muon_scalar_optimizer",
+        ),  # fmt: skip
+        instance_fields=("soap_precondition_frequency", "soap_use_kl_shampoo"),
+        group_options=lambda c: {
+            "betas": (c["adam_beta1"], c["adam_beta2"]), "eps": c["adam_eps"], "shampoo_beta": c["soap_shampoo_beta"],
+        },  # fmt: skip
+        build=_build_soap,
+        accepts=_is_matrix,
+        declines=_embedding_output_or_opted_out,
+        fallback_field="muon_scalar_optimizer",
+    )
+)

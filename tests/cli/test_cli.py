@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from optimizers.registry import get_spec, registered_names
 from optzoo.cli import main
 from optzoo.models import GPT, GPTConfig
 
@@ -140,7 +141,8 @@ def test_list_table_shows_each_optimizer_with_source_and_fields(capsys: pytest.C
 def test_list_json_has_every_optimizer_with_field_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     rows = json.loads(run_ok(capsys, "list", "--format", "json"))
     by_name = {row["name"]: row for row in rows}
-    assert list(by_name) == ["adam", "sgd", "lion"]
+    assert list(by_name) == registered_names()
+    assert list(by_name)[:4] == ["adam", "sgd", "lion", "soap"]
     assert by_name["lion"]["source"] == "emerging-optimizers"
     assert by_name["lion"]["fields"] == {"lr": None, "weight_decay": 0.01, "lion_beta1": 0.95, "lion_beta2": 0.98}
     assert by_name["adam"]["source"] == "torch"
@@ -152,8 +154,9 @@ def test_list_json_has_every_optimizer_with_field_defaults(capsys: pytest.Captur
     assert by_name["sgd"]["fields"] == {"lr": None, "weight_decay": 0.01, "sgd_momentum": 0.9}
     for row in rows:
         assert set(row) == {"name", "source", "shapes", "fields", "description"}
-        assert row["shapes"] == "any"
+        assert row["shapes"] == get_spec(row["name"]).shapes
         assert row["description"]
+    assert by_name["soap"]["shapes"] == "2-D only"
 
 
 # ---- dump-param-groups: the default config -------------------------------------------------
@@ -757,7 +760,7 @@ def test_python_dash_m_runs_the_cli_and_returns_its_status(tmp_path: Path) -> No
     ok = subprocess.run([sys.executable, "-m", "optzoo.cli", "list", "--format", "json"],
                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
-    assert [row["name"] for row in json.loads(ok.stdout)] == ["adam", "sgd", "lion"]
+    assert [row["name"] for row in json.loads(ok.stdout)] == registered_names()
 
     bad = subprocess.run([sys.executable, "-m", "optzoo.cli", "dump-param-groups", "--model", "gtp"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip

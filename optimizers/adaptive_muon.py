@@ -1,0 +1,174 @@
+"""Adaptive Muon: Muon with a second moment of the orthogonalised update (AdaMuon, NorMuon, NAMO).
+
+The second-moment rules are the pure functions :func:`adamuon_`, :func:`normuon_` and
+:func:`namo_`; :class:`AdaptiveMuon` plugs them into :class:`~optimizers.muon.Muon`'s step loop
+through its override points.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args, override
+
+import torch
+from torch.optim.optimizer import ParamsT
+
+from optimizers.muon import Muon, ScaleMode, compute_dtype, muon_scale_factor
+from optimizers.newton_schulz import CoefficientType, MatmulPrecision
+
+Moment2Method = Literal["adamuon", "normuon", "namo"]
+"""Second-moment rule; upstream's ``Moment2MethodT``."""
+
+
+def adamuon_(orthogonal: torch.Tensor, exp_avg_sq: torch.Tensor, *, beta2: float, eps: float) -> torch.Tensor:
+    """AdaMuon (arXiv:2507.11005): elementwise ``v ← β₂v + (1−β₂)O²`` in place; returns ``O / (√v + ε)``."""
+    exp_avg_sq.lerp_(orthogonal.square(), 1 - beta2)
+    return orthogonal / (exp_avg_sq.sqrt() + eps)
+
+
+def normuon_reduced_dim(rows: int, cols: int) -> int:
+    """The dim NorMuon averages over: the shorter one (``-1``, the columns, when ``rows >= cols``),
+    keeping one second-moment entry per row of a tall matrix, or per column of a wide one."""
+    return -1 if rows >= cols else -2
+
+
+def normuon_(orthogonal: torch.Tensor, exp_avg_sq: torch.Tensor, *, beta2: float, eps: float) -> torch.Tensor:
+    """NorMuon (arXiv:2510.05491): a per-row (or per-column) second moment; returns the
+    normalised update rescaled to ``O``'s Frobenius norm.
+
+    ``v ← β₂v + (1−β₂)·mean(O², shorter dim)`` in place; ``U = O / √max(v, ε)``; returns
+    ``U · ‖O‖_F / max(‖U‖_F, ε)``.
+    """
+    dim = normuon_reduced_dim(*orthogonal.shape)
+    exp_avg_sq.lerp_(orthogonal.square().mean(dim=dim, keepdim=True), 1 - beta2)
+    update = orthogonal * exp_avg_sq.clamp_min(eps).rsqrt_()
+    update_norm = torch.linalg.vector_norm(update)
+    scaled: torch.Tensor = update * (torch.linalg.vector_norm(orthogonal) / update_norm.clamp_min(eps))
+    return scaled
+
+
+def namo_(
+    orthogonal: torch.Tensor, exp_avg_sq: torch.Tensor, *, grad: torch.Tensor, direction: torch.Tensor, beta2: float, eps: float
+) -> torch.Tensor:
+    """NAMO (arXiv:2602.17080): one scalar per matrix.
+
+    ``v ← β₂v + (1−β₂)‖G‖²_F`` in place (``G`` the raw gradient); returns
+    ``O · ‖D‖_F / (√v + ε)`` with ``D`` the direction that was orthogonalised.
+    """
+    exp_avg_sq.lerp_(torch.linalg.vector_norm(grad).square(), 1 - beta2)
+    scaled: torch.Tensor = orthogonal * (torch.linalg.vector_norm(direction) / (exp_avg_sq.sqrt() + eps))
+    return scaled
+
+
+class AdaptiveMuon(Muon):
+    r"""Muon with an adaptive second moment between Newton–Schulz and Muon's scale factor.
+
+    With :class:`~optimizers.muon.Muon`'s notation and :math:`O = \mathrm{NS}(D)` (not yet
+    scaled), the update is :math:`W \leftarrow W - \eta \, s(r, c) \, e \, A(O)` where :math:`A`
+    is ``moment2_method``'s rule: :func:`adamuon_` (elementwise, like Adam), :func:`normuon_`
+    (per row or column) or :func:`namo_` (one scalar), each with decay ``beta2`` and ``eps``.
+    The idea goes back to Carlson et al., *Preconditioned spectral descent for deep learning*
+    (NeurIPS 2015).
+
+    Reference implementation: emerging-optimizers 0.3.0,
+    https://github.com/NVIDIA-NeMo/Emerging-Optimizers/blob/v0.3.0/emerging_optimizers/orthogonalized_optimizers/adaptive_muon.py
+    Parity with upstream: tests/optimizers/test_adaptive_muon.py.
+
+    Deviations from upstream: those of :class:`~optimizers.muon.Muon`, and
+        * the second moment is ``state["exp_avg_sq"]`` (torch's name; upstream ``moment2_buffer``),
+          kept in float32 for 16-bit params;
+        * ``moment2_method`` is a param-group key like every setting (upstream: instance-wide);
+        * a QKV-split param is orthogonalised per block, then the second moment and the scale
+          factor apply to the whole param (its shape), as upstream does for any param.
+
+    Args:
+        params: 2-D params or param groups; a group may set any argument below except ``params``.
+        moment2_method: ``adamuon`` (default), ``normuon`` or ``namo``
+            (Megatron's ``adaptive_muon_moment2_method``).
+        beta2: second-moment decay in [0, 1) (``adaptive_muon_beta2``). Default 0.95, upstream's.
+        eps: >= 0 (``adaptive_muon_eps``). Default 1e-8, upstream's.
+        **others: :class:`~optimizers.muon.Muon`'s arguments, with its defaults.
+
+    Raises:
+        TypeError, ValueError: as :class:`~optimizers.muon.Muon`, and for an unknown
+            ``moment2_method`` or ``beta2``/``eps`` out of range.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.randn(4, 8))
+        >>> opt = AdaptiveMuon([w], lr=0.1, moment2_method="normuon", fp32_matmul_prec="highest")
+        >>> w.grad = torch.randn(4, 8)
+        >>> opt.step()
+        >>> tuple(opt.state[w]["exp_avg_sq"].shape)  # one entry per column of the wide matrix
+        (1, 8)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        *,
+        lr: float = 3e-4,
+        momentum: float = 0.95,
+        weight_decay: float = 0.01,
+        nesterov: bool = False,
+        fp32_matmul_prec: MatmulPrecision = "medium",
+        coefficient_type: CoefficientType = "quintic",
+        num_ns_steps: int = 5,
+        scale_mode: ScaleMode = "spectral",
+        extra_scale_factor: float = 1.0,
+        split_qkv: bool = True,
+        batched: bool = True,
+        moment2_method: Moment2Method = "adamuon",
+        beta2: float = 0.95,
+        eps: float = 1e-8,
+    ) -> None:
+        self._variant_defaults = {"moment2_method": moment2_method, "beta2": beta2, "eps": eps}
+        super().__init__(
+            params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+            fp32_matmul_prec=fp32_matmul_prec, coefficient_type=coefficient_type, num_ns_steps=num_ns_steps,
+            scale_mode=scale_mode, extra_scale_factor=extra_scale_factor, split_qkv=split_qkv, batched=batched,
+        )  # fmt: skip
+
+    @override
+    def _check_group(self, group: dict[str, Any], index: int) -> None:
+        where = f"param group #{index}"
+        if group["moment2_method"] not in get_args(Moment2Method):
+            raise ValueError(
+                f"{where}: `moment2_method`: unknown value; got {group['moment2_method']!r}; "
+                f"expected one of {list(get_args(Moment2Method))}"
+            )
+        if not 0 <= group["beta2"] < 1:
+            raise ValueError(f"{where}: `beta2`: must lie in [0, 1); got {group['beta2']!r}; expected 0 <= beta2 < 1")
+        if not group["eps"] >= 0:
+            raise ValueError(f"{where}: `eps`: must be non-negative; got {group['eps']!r}; expected eps >= 0")
+        super()._check_group(group, index)
+
+    @override
+    def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        super()._init_state(param, state, group)
+        shape: tuple[int, ...] = tuple(param.shape)  # adamuon: elementwise
+        if group["moment2_method"] == "normuon":
+            reduced = list(shape)
+            reduced[normuon_reduced_dim(*shape)] = 1
+            shape = tuple(reduced)
+        elif group["moment2_method"] == "namo":
+            shape = (1,)
+        state["exp_avg_sq"] = torch.zeros(shape, dtype=compute_dtype(param), device=param.device)
+
+    @override
+    def _orthogonal_scale(self, group: dict[str, Any], rows: int, cols: int) -> float:
+        return 1.0  # Muon's scale comes after the second moment, in _finish_update
+
+    @override
+    def _finish_update(
+        self, orthogonal: torch.Tensor, *, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
+        grad: torch.Tensor, direction: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        method, v = group["moment2_method"], state["exp_avg_sq"]
+        if method == "adamuon":
+            update = adamuon_(orthogonal, v, beta2=group["beta2"], eps=group["eps"])
+        elif method == "normuon":
+            update = normuon_(orthogonal, v, beta2=group["beta2"], eps=group["eps"])
+        else:
+            update = namo_(orthogonal, v, grad=grad, direction=direction, beta2=group["beta2"], eps=group["eps"])
+        rows, cols = param.shape
+        extra: float = group["extra_scale_factor"]
+        return update * muon_scale_factor(rows, cols, group["scale_mode"]) * extra  # upstream's two products, in order

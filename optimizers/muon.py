@@ -1,0 +1,482 @@
+"""Muon: momentum SGD whose update is orthogonalised by Newton–Schulz, batched across matrices.
+
+The math lives in the pure functions below (:func:`muon_scale_factor`,
+:func:`decoupled_weight_decay_`, :func:`momentum_direction_`, :func:`qkv_blocks`) and in
+:func:`optimizers.newton_schulz.newton_schulz`; :class:`Muon` is the ``torch.optim`` shell, and its
+step loop is shared with :class:`optimizers.adaptive_muon.AdaptiveMuon` through named override
+points (see :class:`Muon`).
+
+Batching: one ``step`` collects every matrix it will orthogonalise (a whole param, or one Q/K/V
+block of a split param), groups those with the same shape up to transposition (tall ones are
+transposed, as Newton–Schulz does anyway), the same dtype and device and the same Newton–Schulz
+settings, and runs one batched :func:`~optimizers.newton_schulz.newton_schulz` call per group.
+With ``batched=False`` in a param group, each of its matrices is a batch of one: the plain
+per-tensor path, tested equal to the batched one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, get_args, overload, override
+
+import torch
+from torch.optim.optimizer import ParamsT, StateDict
+
+from optimizers.newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
+
+ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
+"""How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
+PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""Param dtypes Muon takes: float64 computes in float64; the 16-bit ones compute (and keep state) in float32."""
+
+
+def muon_scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
+    """The factor on the orthogonalised update of a ``rows × cols`` matrix: upstream's
+    ``get_muon_scale_factor(size_out=rows, size_in=cols, mode)``.
+
+    * ``spectral``: ``√max(rows, cols)`` (Jordan; Kimi, arXiv:2502.16982), lr transfer from AdamW.
+    * ``unit_rms_norm``: ``√(rows / cols)`` (Scion, arXiv:2502.07529): unit RMS→RMS operator norm.
+    * ``shape_scaling``: ``√max(1, rows / cols)`` (https://kellerjordan.github.io/posts/muon/).
+
+    Example:
+        >>> muon_scale_factor(1024, 4096, "spectral"), muon_scale_factor(4096, 1024, "shape_scaling")
+        (64.0, 2.0)
+    """
+    if mode == "shape_scaling":
+        return float(max(1.0, rows / cols) ** 0.5)
+    if mode == "spectral":
+        return float(max(rows, cols) ** 0.5)
+    if mode == "unit_rms_norm":
+        return float((rows / cols) ** 0.5)
+    raise ValueError(f"`scale_mode`: unknown value; got {mode!r}; expected one of {list(get_args(ScaleMode))}")
+
+
+def decoupled_weight_decay_(param: torch.Tensor, *, lr: float, weight_decay: float) -> None:
+    """``W ← W − lr·λ·W`` in place: upstream's ``decoupled`` method, with the same operation."""
+    if weight_decay != 0.0:
+        param.add_(param, alpha=-weight_decay * lr)
+
+
+def momentum_direction_(momentum_buffer: torch.Tensor, grad: torch.Tensor, *, momentum: float, nesterov: bool) -> torch.Tensor:
+    """Update the EMA momentum in place and return the direction to orthogonalise.
+
+    ``M ← M + (1 − μ)(G − M)``, then ``M`` or, with Nesterov, ``G + μ(M − G)``: upstream's
+    ``lerp`` forms, bit for bit. Without Nesterov the returned tensor *is* the buffer.
+    """
+    momentum_buffer.lerp_(grad, 1 - momentum)
+    return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
+
+
+def qkv_blocks(matrix: torch.Tensor, split: Sequence[int]) -> list[torch.Tensor]:
+    """Views of a fused QKV matrix's blocks, each ``(query_groups, split[k], cols)``.
+
+    The rows hold ``query_groups`` repeats of ``sum(split)`` rows (e.g. ``[q, kv, kv]``); block
+    ``k`` gathers the ``split[k]`` rows at the same offset of every group. Orthogonalised, block
+    ``k`` is the ``(query_groups · split[k]) × cols`` matrix ``view.reshape(-1, cols)``, as in
+    Megatron-Core's ``TensorParallelMuon.orthogonalize``.
+
+    Example:
+        >>> [tuple(b.shape) for b in qkv_blocks(torch.zeros(2 * (4 + 2 + 2), 16), [4, 2, 2])]
+        [(2, 4, 16), (2, 2, 16), (2, 2, 16)]
+    """
+    rows, cols = matrix.shape
+    grouped = matrix.view(rows // sum(split), sum(split), cols)
+    return list(torch.split(grouped, list(split), dim=1))
+
+
+def compute_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype a param's step (and its state) is computed in: float32 for 16-bit params."""
+    return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
+
+
+@dataclass(eq=False)
+class _Work:
+    """One param's step in flight: its inputs, and its blocks as they are orthogonalised."""
+
+    param: torch.Tensor
+    group: dict[str, Any]
+    state: dict[str, Any]
+    grad: torch.Tensor  # contiguous, in the compute dtype
+    where: str  # names the param in messages
+    remaining: int = 0
+    direction: torch.Tensor | None = None  # the momentum (or Nesterov) direction, once computed
+    orthogonal: torch.Tensor | None = None  # Newton–Schulz output, scaled by _orthogonal_scale
+
+
+@dataclass(frozen=True, eq=False)
+class _Block:
+    """One matrix to orthogonalise: rows ``[start, start + rows)`` of each of ``groups`` row groups."""
+
+    work: _Work
+    start: int
+    rows: int
+    groups: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.groups * self.rows, self.work.param.shape[1]
+
+    def of(self, full: torch.Tensor) -> torch.Tensor:
+        """This block of a contiguous param-shaped tensor, as a ``(groups, rows, cols)`` view."""
+        return full.view(self.groups, -1, full.shape[1])[:, self.start : self.start + self.rows]
+
+    def in_slot(self, slot: torch.Tensor) -> torch.Tensor:
+        """A batch slot (stored wide: tall blocks transposed) as a ``(groups, rows, cols)`` view."""
+        matrix = slot.mT if self.shape[0] > self.shape[1] else slot
+        return matrix.view(self.groups, self.rows, -1)
+
+
+def _where(group: dict[str, Any], group_index: int, param_index: int) -> str:
+    """``param group #g, param #i`` plus the param's name where the group carries names."""
+    names = group.get("param_names")
+    named = f" (`{names[param_index]}`)" if names else ""
+    return f"param group #{group_index}, param #{param_index}{named}"
+
+
+def _check_choice(where: str, group: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:
+    if group[key] not in allowed:
+        raise ValueError(f"{where}: `{key}`: unknown value; got {group[key]!r}; expected one of {list(allowed)}")
+
+
+def _check_flag(where: str, group: dict[str, Any], key: str) -> None:
+    if not isinstance(group[key], bool):
+        raise TypeError(f"{where}: `{key}`: must be a bool; got {group[key]!r}; expected True or False")
+
+
+class Muon(torch.optim.Optimizer):
+    r"""Muon (MomentUm Orthogonalized by Newton–Schulz) for 2-D params, batched across matrices.
+
+    Per param :math:`W` with gradient :math:`G`, momentum :math:`\mu`, lr :math:`\eta`, weight
+    decay :math:`\lambda`:
+
+    .. math::
+        W &\leftarrow W - \eta \lambda W \\
+        M &\leftarrow M + (1 - \mu)(G - M), \qquad D = G + \mu (M - G) \text{ (Nesterov) or } M \\
+        W &\leftarrow W - \eta \, s(r, c) \, e \, \mathrm{NS}(D)
+
+    where :math:`\mathrm{NS}` is Newton–Schulz (:mod:`optimizers.newton_schulz`), :math:`s` is
+    :func:`muon_scale_factor` of the orthogonalised matrix's shape and :math:`e` is
+    ``extra_scale_factor``. A param with a ``qkv_split_shapes`` attribute (say ``[q, kv, kv]``)
+    in a group with ``split_qkv`` is orthogonalised (and scaled) per block (:func:`qkv_blocks`).
+
+    Paper: Jordan, *Muon*, https://kellerjordan.github.io/posts/muon/. Reference implementation:
+    emerging-optimizers 0.3.0, https://github.com/NVIDIA-NeMo/Emerging-Optimizers/blob/v0.3.0/emerging_optimizers/orthogonalized_optimizers/muon.py
+    (with ``orthogonalized_optimizer.py``, whose ``step`` it follows); the QKV split is
+    Megatron-Core's ``TensorParallelMuon.orthogonalize``,
+    https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/emerging_optimizers.py.
+    Parity with upstream: tests/optimizers/test_muon.py.
+
+    Deviations from upstream:
+        * Every setting is a param-group key (upstream keeps them on the instance and ignores
+          group keys), so groups may differ, and ``state_dict()["param_groups"]`` records them.
+        * Newton–Schulz is :func:`~optimizers.newton_schulz.newton_schulz`, batched over the
+          step's matrices: upstream's within float32 rounding, with safe normalisation (a 1e-20
+          gradient still gives an orthogonal update), the Gram variant on wide float32 matrices
+          at ``highest``, and float32 instead of bf16 for ``medium`` on devices without fast
+          bf16 matmul (CPU).
+        * Weight decay is decoupled only, with upstream's lr use (``W ← W − ηλW``); upstream's
+          ``independent``, ``l2`` and ``palm`` methods and ``use_syrk`` are not offered.
+        * Any float param dtype: float64 computes in float64; bf16 and fp16 params compute in
+          float32 and keep ``momentum_buffer`` in float32 (upstream: float32 only).
+        * Non-2-D params raise at construction (upstream: at ``step``). ``closure`` is supported.
+
+    Override points, for variants (:class:`~optimizers.adaptive_muon.AdaptiveMuon`) that share
+    this step loop: :meth:`_check_group` (validate a group), :meth:`_init_state` (lazy state),
+    :meth:`_orthogonal_scale` (factor on each orthogonalised matrix) and :meth:`_finish_update`
+    (from the param's orthogonalised update to the one applied with ``-lr``).
+
+    Args:
+        params: 2-D params or param groups; a group may set any argument below except ``params``.
+        lr: learning rate :math:`\eta` >= 0. Default 3e-4, upstream's.
+        momentum: :math:`\mu` in [0, 1) (Megatron's ``muon_momentum``). Default 0.95.
+        weight_decay: :math:`\lambda` >= 0, decoupled. Default 0.01, upstream's.
+        nesterov: Nesterov direction (``muon_nesterov``). Default False.
+        fp32_matmul_prec: ``highest``, ``high`` or ``medium``: Newton–Schulz's ``matmul_precision``
+            (``muon_fp32_matmul_prec``). Default ``medium``, upstream's and Megatron's.
+        coefficient_type: Newton–Schulz coefficient set (``muon_coefficient_type``). Default ``quintic``.
+        num_ns_steps: Newton–Schulz iterations >= 1 (``muon_num_ns_steps``). Default 5.
+        scale_mode: ``spectral`` (default), ``unit_rms_norm`` or ``shape_scaling`` (``muon_scale_mode``).
+        extra_scale_factor: :math:`e` > 0 (``muon_extra_scale_factor``); 0.2 with ``spectral``
+            roughly matches AdamW's update RMS (arXiv:2502.16982). Default 1.
+        split_qkv: orthogonalise params carrying ``qkv_split_shapes`` per block
+            (``muon_split_qkv``). Default True, Megatron's; params without the attribute are whole.
+        batched: orthogonalise same-shape matrices in one batched call. Default True; False is
+            the plain per-tensor path (same result; more, smaller matmuls).
+
+    Raises:
+        TypeError: a flag is not a bool, a param's dtype is not in :data:`PARAM_DTYPES`, or
+            ``qkv_split_shapes`` is not a sequence of ints.
+        ValueError: a setting is out of range or unknown, a param is not 2-D, or (during
+            ``step``) a gradient is sparse.
+
+    Warns:
+        UserWarning: once per param, when its ``qkv_split_shapes`` do not divide its rows; the
+            whole matrix is orthogonalised instead.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.randn(4, 8))
+        >>> opt = Muon([w], lr=0.1, weight_decay=0.0, momentum=0.0, fp32_matmul_prec="highest")
+        >>> before = w.detach().clone()
+        >>> w.grad = torch.randn(4, 8)
+        >>> opt.step()
+        >>> step = (before - w.detach()) / (0.1 * muon_scale_factor(4, 8, "spectral"))
+        >>> s = torch.linalg.svdvals(step)  # singular values near 1: an orthogonal update
+        >>> bool(((s > 0.6) & (s < 1.3)).all())
+        True
+    """
+
+    _variant_defaults: Mapping[str, Any] = MappingProxyType({})
+    """Group defaults a variant adds (set on the instance before ``Muon.__init__``)."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        *,
+        lr: float = 3e-4,
+        momentum: float = 0.95,
+        weight_decay: float = 0.01,
+        nesterov: bool = False,
+        fp32_matmul_prec: MatmulPrecision = "medium",
+        coefficient_type: CoefficientType = "quintic",
+        num_ns_steps: int = 5,
+        scale_mode: ScaleMode = "spectral",
+        extra_scale_factor: float = 1.0,
+        split_qkv: bool = True,
+        batched: bool = True,
+    ) -> None:
+        self._warned_qkv: set[int] = set()  # before super().__init__, which calls add_param_group
+        defaults = {
+            "lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
+            "fp32_matmul_prec": fp32_matmul_prec, "coefficient_type": coefficient_type,
+            "num_ns_steps": num_ns_steps, "scale_mode": scale_mode, "extra_scale_factor": extra_scale_factor,
+            "split_qkv": split_qkv, "batched": batched, **self._variant_defaults,
+        }  # fmt: skip
+        super().__init__(params, defaults)
+
+    # ---- validation ---------------------------------------------------------------------------
+
+    @override
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, then this optimizer's checks on the completed group."""
+        super().add_param_group(param_group)
+        try:
+            self._check_group(self.param_groups[-1], len(self.param_groups) - 1)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+
+    def _check_group(self, group: dict[str, Any], index: int) -> None:
+        """Override point: validate a completed group (settings, then each param)."""
+        where = f"param group #{index}"
+        for key in ("lr", "weight_decay"):
+            if not group[key] >= 0:
+                raise ValueError(f"{where}: `{key}`: must be non-negative; got {group[key]!r}; expected {key} >= 0")
+        if not 0 <= group["momentum"] < 1:
+            raise ValueError(f"{where}: `momentum`: must lie in [0, 1); got {group['momentum']!r}; expected 0 <= momentum < 1")
+        if not 0 < group["extra_scale_factor"] < math.inf:
+            raise ValueError(
+                f"{where}: `extra_scale_factor`: must be positive and finite; got {group['extra_scale_factor']!r}; "
+                "expected a float in (0, inf)"
+            )
+        steps = group["num_ns_steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"{where}: `num_ns_steps`: must be a positive integer; got {steps!r}; expected an int >= 1")
+        _check_choice(where, group, "coefficient_type", get_args(CoefficientType))
+        _check_choice(where, group, "fp32_matmul_prec", get_args(MatmulPrecision))
+        _check_choice(where, group, "scale_mode", get_args(ScaleMode))
+        for key in ("nesterov", "split_qkv", "batched"):
+            _check_flag(where, group, key)
+        for param_index, param in enumerate(group["params"]):
+            self._check_param(param, group, _where(group, index, param_index))
+
+    def _check_param(self, param: torch.Tensor, group: dict[str, Any], where: str) -> None:
+        name = type(self).__name__
+        if param.ndim != 2:
+            raise ValueError(
+                f"{where}: {name} takes 2-D only; route it to the scalar optimizer; "
+                f"got shape {tuple(param.shape)}; expected (rows, cols)"
+            )
+        if param.dtype not in PARAM_DTYPES:
+            raise TypeError(f"{where}: dtype not supported; got {param.dtype}; expected one of {PARAM_DTYPES}")
+        split = getattr(param, "qkv_split_shapes", None)
+        if split is not None:
+            if isinstance(split, (str, bytes)) or not isinstance(split, Sequence) or not split or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in split
+            ):
+                raise TypeError(f"{where}: `qkv_split_shapes`: must be a list of ints; got {split!r}; expected e.g. [q, kv, kv]")
+            if min(split) < 1:
+                raise ValueError(f"{where}: `qkv_split_shapes`: must be positive; got {list(split)}; expected every size >= 1")
+        self._qkv_split(param, group, where)
+
+    def _qkv_split(self, param: torch.Tensor, group: dict[str, Any], where: str) -> list[int] | None:
+        """The block sizes to split ``param`` into, or None; warns once if they do not divide it."""
+        split: Sequence[int] | None = getattr(param, "qkv_split_shapes", None)
+        if not group["split_qkv"] or split is None:
+            return None
+        if param.shape[0] % sum(split) == 0:
+            return list(split)
+        if id(param) not in self._warned_qkv:
+            self._warned_qkv.add(id(param))
+            warnings.warn(
+                f"{where}: `qkv_split_shapes` {list(split)} (sum {sum(split)}) do not divide the rows of shape "
+                f"{tuple(param.shape)}; orthogonalising the whole matrix instead",
+                UserWarning,
+                stacklevel=2,
+            )
+        return None
+
+    # ---- override points ----------------------------------------------------------------------
+
+    def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """Override point: lazy state of a param, in its compute dtype."""
+        state["momentum_buffer"] = torch.zeros(param.shape, dtype=compute_dtype(param), device=param.device)
+
+    def _orthogonal_scale(self, group: dict[str, Any], rows: int, cols: int) -> float:
+        """Override point: the factor on a ``rows × cols`` orthogonalised matrix (1: none)."""
+        extra: float = group["extra_scale_factor"]
+        return muon_scale_factor(rows, cols, group["scale_mode"]) * extra
+
+    def _finish_update(
+        self, orthogonal: torch.Tensor, *, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
+        grad: torch.Tensor, direction: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Override point: the update applied as ``W ← W − lr · update``, from the param's
+        orthogonalised (and :meth:`_orthogonal_scale`-d) direction. Muon applies it as is."""
+        return orthogonal
+
+    # ---- the step loop ------------------------------------------------------------------------
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    @override
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every param that has a gradient; ``closure`` re-evaluates the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            batches: dict[tuple[Any, ...], list[_Block]] = {}
+            for work in self._works():
+                for block in self._blocks(work):
+                    batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
+            for blocks in batches.values():
+                self._orthogonalize(blocks)
+        return loss
+
+    def _works(self) -> Iterator[_Work]:
+        for group_index, group in enumerate(self.param_groups):
+            for param_index, param in enumerate(group["params"]):
+                if param.grad is None:
+                    continue
+                where = _where(group, group_index, param_index)
+                if param.grad.is_sparse:
+                    raise ValueError(
+                        f"{where}: gradient is sparse, which {type(self).__name__} does not support; "
+                        f"got {param.grad.layout}; expected torch.strided"
+                    )
+                state = self.state[param]
+                if not state:
+                    self._init_state(param, state, group)
+                grad = param.grad.to(dtype=compute_dtype(param), memory_format=torch.contiguous_format)
+                yield _Work(param, group, state, grad, where)
+
+    def _blocks(self, work: _Work) -> list[_Block]:
+        rows = work.param.shape[0]
+        split = self._qkv_split(work.param, work.group, work.where)
+        blocks = (
+            [_Block(work, start=0, rows=rows, groups=1)]
+            if split is None
+            else [
+                _Block(work, start=sum(split[:k]), rows=size, groups=rows // sum(split))
+                for k, size in enumerate(split)
+            ]
+        )
+        work.remaining = len(blocks)
+        return blocks
+
+    @staticmethod
+    def _batch_key(block: _Block, unique: int) -> tuple[Any, ...]:
+        """Blocks with equal keys are orthogonalised in one call; ``batched=False`` keys are unique."""
+        group, rows_cols = block.work.group, sorted(block.shape)
+        key = (block.work.grad.device, block.work.grad.dtype, *rows_cols)
+        key += (group["num_ns_steps"], group["coefficient_type"], group["fp32_matmul_prec"])
+        return key if group["batched"] else (*key, unique)
+
+    def _orthogonalize(self, blocks: list[_Block]) -> None:
+        """Orthogonalise one batch of same-shape matrices; finish each param whose blocks are done."""
+        for work in {id(b.work): b.work for b in blocks}.values():
+            if work.direction is None:
+                group = work.group
+                decoupled_weight_decay_(work.param, lr=group["lr"], weight_decay=group["weight_decay"])
+                work.direction = momentum_direction_(
+                    work.state["momentum_buffer"], work.grad, momentum=group["momentum"], nesterov=group["nesterov"]
+                )
+        first = blocks[0]
+        stack = torch.empty((len(blocks), *sorted(first.shape)), dtype=first.work.grad.dtype, device=first.work.grad.device)
+        for slot, block in zip(stack, blocks):
+            assert block.work.direction is not None  # set just above
+            block.in_slot(slot).copy_(block.of(block.work.direction))
+        group = first.work.group  # the batch key makes these settings common to the batch
+        out = newton_schulz(
+            stack, steps=group["num_ns_steps"], coefficient_type=group["coefficient_type"],
+            matmul_precision=group["fp32_matmul_prec"],
+        )  # fmt: skip
+        scales = [self._orthogonal_scale(b.work.group, *b.shape) for b in blocks]
+        if len(set(scales)) == 1:
+            if scales[0] != 1.0:
+                out.mul_(scales[0])
+        else:
+            for slot, scale in zip(out, scales):
+                slot.mul_(scale)
+        for slot, block in zip(out, blocks):
+            work = block.work
+            if block.groups == 1 and block.rows == work.param.shape[0]:
+                work.orthogonal = block.in_slot(slot)[0]  # the whole matrix: a view, no copy
+            else:
+                if work.orthogonal is None:
+                    work.orthogonal = torch.empty_like(work.grad)
+                block.of(work.orthogonal).copy_(block.in_slot(slot))
+            work.remaining -= 1
+            if work.remaining == 0:
+                self._apply(work)
+
+    def _apply(self, work: _Work) -> None:
+        assert work.orthogonal is not None and work.direction is not None  # every block is done
+        update = self._finish_update(
+            work.orthogonal, param=work.param, state=work.state, group=work.group, grad=work.grad, direction=work.direction
+        )
+        work.param.add_(update, alpha=-work.group["lr"])
+        work.orthogonal = work.direction = None
+
+    # ---- state dict ---------------------------------------------------------------------------
+
+    @override
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        """torch's ``load_state_dict``, keeping the float32 state of 16-bit params in float32.
+
+        torch casts every floating state tensor to its param's dtype, which would round a bf16
+        param's float32 ``momentum_buffer`` to bf16; such tensors are re-read from ``state_dict``.
+        """
+        restored: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
+            for saved_id, param in zip(saved_group["params"], group["params"]):
+                saved = state_dict["state"].get(saved_id)
+                dtype = compute_dtype(param)
+                if saved is not None and dtype != param.dtype:
+                    restored[param] = {
+                        key: value.to(device=param.device, dtype=dtype, copy=True)
+                        for key, value in saved.items()
+                        if torch.is_tensor(value) and value.is_floating_point()
+                    }
+        super().load_state_dict(state_dict)
+        for param, values in restored.items():
+            self.state[param].update(values)
