@@ -219,3 +219,67 @@ register(
         fallback_field="muon_scalar_optimizer",
     )
 )
+
+
+_MUON_FIELDS = (
+    "muon_momentum", "muon_nesterov", "muon_fp32_matmul_prec", "muon_coefficient_type", "muon_num_ns_steps",
+    "muon_scale_mode", "muon_extra_scale_factor", "muon_split_qkv", "muon_tp_mode", "muon_scalar_optimizer",
+)  # fmt: skip
+
+
+def _muon_options(c: Mapping[str, Any]) -> dict[str, Any]:
+    # muon_tp_mode is accepted and has no effect: without tensor parallelism every mode is the same.
+    return {
+        "momentum": c["muon_momentum"], "nesterov": c["muon_nesterov"], "fp32_matmul_prec": c["muon_fp32_matmul_prec"],
+        "coefficient_type": c["muon_coefficient_type"], "num_ns_steps": c["muon_num_ns_steps"],
+        "scale_mode": c["muon_scale_mode"], "extra_scale_factor": c["muon_extra_scale_factor"],
+        "split_qkv": c["muon_split_qkv"],
+    }  # fmt: skip
+
+
+def _build_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    from optimizers.muon import Muon
+
+    return Muon(groups)
+
+
+def _build_adaptive_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    from optimizers.adaptive_muon import AdaptiveMuon
+
+    return AdaptiveMuon(groups)
+
+
+register(
+    OptimizerSpec(
+        name="muon",
+        description="Muon: momentum orthogonalised by batched Newton-Schulz (optzoo); other params -> muon_scalar_optimizer",
+        source="optzoo",
+        shapes="2-D only",
+        config_fields=_MUON_FIELDS,
+        instance_fields=(),
+        group_options=_muon_options,
+        build=_build_muon,
+        accepts=_is_matrix,
+        declines=_embedding_output_or_opted_out,
+        fallback_field="muon_scalar_optimizer",
+    )
+)
+
+register(
+    OptimizerSpec(
+        name="adaptive_muon",
+        description="Adaptive Muon: Muon with a second moment (adamuon/normuon/namo) after orthogonalisation (optzoo)",
+        source="optzoo",
+        shapes="2-D only",
+        config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
+        instance_fields=(),
+        group_options=lambda c: {
+            **_muon_options(c), "moment2_method": c["adaptive_muon_moment2_method"],
+            "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
+        },  # fmt: skip
+        build=_build_adaptive_muon,
+        accepts=_is_matrix,
+        declines=_embedding_output_or_opted_out,
+        fallback_field="muon_scalar_optimizer",
+    )
+)

@@ -15,15 +15,17 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from optimizers.adaptive_muon import Moment2Method
+from optimizers.muon import ScaleMode
 from optimizers.newton_schulz import CoefficientType, MatmulPrecision
 from optimizers.registry import registered_names
 
-MuonScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
+MuonScaleMode = ScaleMode
 MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
 MuonScalarOptimizer = Literal["adam", "lion"]
 MuonMatmulPrecision = MatmulPrecision
-AdaptiveMuonMoment2Method = Literal["adamuon", "normuon", "namo"]
+AdaptiveMuonMoment2Method = Moment2Method
 
 SCHEDULE_KEYS: tuple[str, ...] = ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd")
 """Override keys read by the scheduler (Megatron's ``ParamGroupOverride``), beside config fields."""

@@ -13,7 +13,7 @@ from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads
 
 NAMES = registered_names()
-LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03, "soap": 0.05}
+LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02}
 
 
 class Quadratic(torch.nn.Module):
