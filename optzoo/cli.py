@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(run=_cmd_dump)
 
     demo = commands.add_parser("demo", help="train the built-in GPT on the standard library's source")
-    demo.add_argument("--steps", type=int, default=60)
+    demo.add_argument("--steps", type=int, default=120)
     demo.set_defaults(run=_cmd_demo)
     return parser
 

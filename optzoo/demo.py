@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tabulate import tabulate
+from tqdm import tqdm
 
 from optzoo.cli import GROUP_HEADERS, group_rows
 from optzoo.config import OptimizerConfig
@@ -47,58 +49,81 @@ def demo_routing(config: OptimizerConfig) -> dict[ParamKey, dict[str, object]]:
     return overrides
 
 
-def run_demo(*, steps: int = 60, batch_size: int = 16, seq_len: int = 128, seed: int = 0) -> list[float]:
-    """Print the parameter groups, train for ``steps`` and print loss per step range."""
+def muon_routing(config: OptimizerConfig) -> dict[ParamKey, dict[str, object]]:
+    """Muon for the hidden matrices: the standard overrides are enough, since Muon hands
+    embeddings, the output layer, biases and norms to ``muon_scalar_optimizer`` (AdamW) itself."""
+    return dict(get_standard_config_overrides(config))
+
+
+RUNS: dict[str, tuple[OptimizerConfig, Callable[[OptimizerConfig], dict[ParamKey, dict[str, object]]]]] = {
+    "AdamW + Lion (routed)": (OptimizerConfig(lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1), demo_routing),
+    "AdamW": (OptimizerConfig(lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1), get_standard_config_overrides),
+    "Muon + AdamW": (
+        OptimizerConfig(optimizer="muon", lr=2e-2, decoupled_lr=1e-3, weight_decay=0.1, muon_fp32_matmul_prec="highest"),
+        muon_routing,
+    ),
+}
+"""The demo's runs: same model init, same batches; only the optimizer routing differs."""
+
+
+def _train(
+    name: str, steps: int, seed: int, seq_len: int, batch_size: int, train: torch.Tensor, valid: torch.Tensor
+) -> tuple[list[float], float, float]:
+    """Train a fresh model with run ``name``; returns train losses, validation loss, ms per step."""
     torch.manual_seed(seed)
-    data = stdlib_bytes()
-    split = int(0.9 * len(data))
-    train, valid = data[:split], data[split:]
     model = GPT(GPTConfig(hidden_size=128, num_layers=2, num_heads=4, max_seq_len=seq_len))
-    config = OptimizerConfig(lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1, clip_grad=1.0)
-    overrides = demo_routing(config)
-
-    groups, _ = resolve_groups(config, model, overrides)
-    print(f"optzoo demo: GPT with {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{len(data):,} bytes of the standard library ({torch.get_num_threads()} threads)\n")
-    print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
-    print()
-
-    optimizer = get_optimizer(config, model, overrides)
+    config, routing = RUNS[name]
+    optimizer = get_optimizer(config, model, routing(config))
     generator = torch.Generator().manual_seed(seed)
 
     def batch(source: torch.Tensor) -> torch.Tensor:
         starts = torch.randint(len(source) - seq_len - 1, (batch_size,), generator=generator)
         return torch.stack([source[s : s + seq_len + 1] for s in starts.tolist()])
 
-    losses, norms = [], []
+    losses = []
     started = time.perf_counter()
-    for _ in range(steps):
+    for _ in tqdm(range(steps), desc=name, leave=False):
         loss = model.loss(batch(train))
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
-        _, grad_norm, _ = optimizer.step()
+        optimizer.step()
         losses.append(loss.item())
-        norms.append(grad_norm or 0.0)
     elapsed = time.perf_counter() - started
     with torch.no_grad():
         valid_loss = sum(model.loss(batch(valid)).item() for _ in range(4)) / 4
+    return losses, valid_loss, elapsed / steps * 1000
 
+
+def run_demo(*, steps: int = 120, batch_size: int = 16, seq_len: int = 128, seed: int = 0) -> dict[str, list[float]]:
+    """Print the parameter groups of two routings, train every run, print loss per step range."""
+    data = stdlib_bytes()
+    split = int(0.9 * len(data))
+    train, valid = data[:split], data[split:]
+    model = GPT(GPTConfig(hidden_size=128, num_layers=2, num_heads=4, max_seq_len=seq_len))
+    print(f"optzoo demo: GPT with {sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{len(data):,} bytes of the standard library ({torch.get_num_threads()} threads)")
+    for name in ("AdamW + Lion (routed)", "Muon + AdamW"):
+        config, routing = RUNS[name]
+        groups, _ = resolve_groups(config, model, routing(config))
+        print(f"\nparameter groups, {name}:")
+        print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
+
+    results = {name: _train(name, steps, seed, seq_len, batch_size, train, valid) for name in RUNS}
     span = max(1, steps // 6)
     rows = [
-        [f"{i + 1}-{min(i + span, steps)}", sum(losses[i : i + span]) / len(losses[i : i + span]),
-         sum(norms[i : i + span]) / len(norms[i : i + span])]
+        [f"{i + 1}-{min(i + span, steps)}", *(sum(r[0][i : i + span]) / len(r[0][i : i + span]) for r in results.values())]
         for i in range(0, steps, span)
     ]
-    print(tabulate(rows, headers=["steps", "mean train loss (nats/byte)", "mean grad norm"], floatfmt=".3f"))
-    print(f"\nvalidation loss after {steps} steps: {valid_loss:.3f} nats/byte "
-          f"(uniform over bytes: {torch.log(torch.tensor(256.0)).item():.3f}); "
-          f"{elapsed / steps * 1000:.0f} ms/step")
-    return losses
+    rows.append(["validation", *(r[1] for r in results.values())])
+    rows.append(["ms/step", *(r[2] for r in results.values())])
+    print(f"\nmean train loss per step range (nats/byte; uniform over bytes: {torch.log(torch.tensor(256.0)).item():.3f})")
+    print(tabulate(rows, headers=["steps", *results], floatfmt=".3f"))
+    return {name: r[0] for name, r in results.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=120)
     run_demo(steps=parser.parse_args().steps)
 
 
