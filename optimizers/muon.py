@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args, overload, override
 import torch
 from torch.optim.optimizer import ParamsT, StateDict
 
+from optimizers._checked import CheckedGroupsOptimizer
 from optimizers.newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
 
 ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
@@ -147,7 +148,7 @@ def _check_flag(where: str, group: dict[str, Any], key: str) -> None:
         raise TypeError(f"{where}: `{key}`: must be a bool; got {group[key]!r}; expected True or False")
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(CheckedGroupsOptimizer):
     r"""Muon (MomentUm Orthogonalized by Newton–Schulz) for 2-D params, batched across matrices.
 
     Per param :math:`W` with gradient :math:`G`, momentum :math:`\mu`, lr :math:`\eta`, weight
@@ -258,16 +259,6 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     # ---- validation ---------------------------------------------------------------------------
-
-    @override
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """torch's ``add_param_group``, then this optimizer's checks on the completed group."""
-        super().add_param_group(param_group)
-        try:
-            self._check_group(self.param_groups[-1], len(self.param_groups) - 1)
-        except (TypeError, ValueError):
-            self.param_groups.pop()
-            raise
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         """Override point: validate a completed group (settings, then each param)."""

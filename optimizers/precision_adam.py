@@ -22,6 +22,7 @@ import torch
 from torch.optim.adam import adam as torch_adam
 from torch.optim.optimizer import ParamsT, StateDict
 
+from optimizers._checked import CheckedGroupsOptimizer
 from optimizers.bf16_remainder import join_bf16_remainder, split_fp32_into_
 from optimizers.registry import fused_supported
 
@@ -102,7 +103,7 @@ def _store(destination: torch.Tensor, value: torch.Tensor) -> None:
         destination.copy_(value)
 
 
-class PrecisionAwareAdam(torch.optim.Optimizer):
+class PrecisionAwareAdam(CheckedGroupsOptimizer):
     r"""Adam(W) with Transformer Engine ``FusedAdam``'s storage options, computed in fp32.
 
     Update, per element, with the step's master weight :math:`w` (fp32) and gradient :math:`g`:
@@ -239,16 +240,6 @@ class PrecisionAwareAdam(torch.optim.Optimizer):
             "decoupled_weight_decay": decoupled_weight_decay, "fused": fused, "foreach": foreach,
         }
         super().__init__(params, defaults)
-
-    @override
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """torch's ``add_param_group``, then this optimizer's checks on the completed group."""
-        super().add_param_group(param_group)
-        try:
-            self._check_group(self.param_groups[-1], len(self.param_groups) - 1)
-        except (TypeError, ValueError):
-            self.param_groups.pop()
-            raise
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         where = f"param group #{index}"
