@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, get_args, overload, override
+from typing import Any, Literal, get_args, override
 
 import torch
 from torch.optim.optimizer import ParamsT, StateDict
@@ -341,27 +341,15 @@ class Muon(CheckedGroupsOptimizer):
 
     # ---- the step loop ------------------------------------------------------------------------
 
-    @overload
-    def step(self, closure: None = None) -> None: ...
-
-    @overload
-    def step(self, closure: Callable[[], float]) -> float: ...
-
     @override
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every param that has a gradient; ``closure`` re-evaluates the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            batches: dict[tuple[Any, ...], list[_Block]] = {}
-            for work in self._works():
-                for block in self._blocks(work):
-                    batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
-            for blocks in batches.values():
-                self._orthogonalize(blocks)
-        return loss
+    def _update(self) -> None:
+        """One update of every param that has a gradient, batched by matrix shape."""
+        batches: dict[tuple[Any, ...], list[_Block]] = {}
+        for work in self._works():
+            for block in self._blocks(work):
+                batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
+        for blocks in batches.values():
+            self._orthogonalize(blocks)
 
     def _works(self) -> Iterator[_Work]:
         for group_index, group in enumerate(self.param_groups):

@@ -15,8 +15,7 @@ parameter instead of 4, for no loss in the master.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, overload, override
+from typing import Any, override
 
 import torch
 from torch.optim.adam import adam as torch_adam
@@ -293,24 +292,12 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                 f"stored unscaled); got a {param.dtype} param; expected a param dtype in {held}"
             )
 
-    @overload
-    def step(self, closure: None = None) -> None: ...
-
-    @overload
-    def step(self, closure: Callable[[], float]) -> float: ...
-
     @override
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every param that has a gradient; ``closure`` re-evaluates the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            for group_index, group in enumerate(self.param_groups):
-                for param_index, param in enumerate(group["params"]):
-                    self._step_param(param, group, group_index, param_index)
-        return loss
+    def _update(self) -> None:
+        """One update of every param that has a gradient."""
+        for group_index, group in enumerate(self.param_groups):
+            for param_index, param in enumerate(group["params"]):
+                self._step_param(param, group, group_index, param_index)
 
     def _step_param(self, param: torch.Tensor, group: dict[str, Any], group_index: int, param_index: int) -> None:
         grad: torch.Tensor | None = getattr(param, "decoupled_grad", None) if self.use_decoupled_grad else param.grad
