@@ -51,7 +51,8 @@ def demo_routing(config: OptimizerConfig) -> dict[ParamKey, dict[str, object]]:
 
 def muon_routing(config: OptimizerConfig) -> dict[ParamKey, dict[str, object]]:
     """Muon for the hidden matrices: the standard overrides are enough, since Muon hands
-    embeddings, the output layer, biases and norms to ``muon_scalar_optimizer`` (AdamW) itself."""
+    embeddings, the output layer, biases and norms to ``muon_scalar_optimizer`` (AdamW) itself.
+    With ``muon_scale_mode="spectral"`` (x sqrt(max(rows, cols))) Muon takes AdamW's lr."""
     return dict(get_standard_config_overrides(config))
 
 
@@ -59,7 +60,7 @@ RUNS: dict[str, tuple[OptimizerConfig, Callable[[OptimizerConfig], dict[ParamKey
     "AdamW + Lion (routed)": (OptimizerConfig(lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1), demo_routing),
     "AdamW": (OptimizerConfig(lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1), get_standard_config_overrides),
     "Muon + AdamW": (
-        OptimizerConfig(optimizer="muon", lr=2e-2, decoupled_lr=1e-3, weight_decay=0.1, muon_fp32_matmul_prec="highest"),
+        OptimizerConfig(optimizer="muon", lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1, muon_fp32_matmul_prec="highest"),
         muon_routing,
     ),
 }
