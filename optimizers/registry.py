@@ -45,6 +45,8 @@ class OptimizerSpec:
     explicitly (Muon: embeddings and output layers, ``use_muon=False``)."""
     fallback_field: str | None = None
     """Config field naming the optimizer for the params above, e.g. ``muon_scalar_optimizer``."""
+    declines_what: str = ""
+    """What ``declines`` selects, in words, for explanations (e.g. "embeddings/output layers")."""
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
@@ -217,6 +219,7 @@ register(
         accepts=_is_matrix,
         declines=_embedding_output_or_opted_out,
         fallback_field="muon_scalar_optimizer",
+        declines_what="embeddings/output layers and use_muon=False params",
     )
 )
 
@@ -262,6 +265,7 @@ register(
         accepts=_is_matrix,
         declines=_embedding_output_or_opted_out,
         fallback_field="muon_scalar_optimizer",
+        declines_what="embeddings/output layers and use_muon=False params",
     )
 )
 
@@ -281,5 +285,6 @@ register(
         accepts=_is_matrix,
         declines=_embedding_output_or_opted_out,
         fallback_field="muon_scalar_optimizer",
+        declines_what="embeddings/output layers and use_muon=False params",
     )
 )

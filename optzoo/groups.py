@@ -238,7 +238,7 @@ def _split_by_shape(
         return [(config, params, None)]
     fallback = getattr(config, spec.fallback_field)
     explicit = "optimizer" in override
-    kept, moved = [], []
+    kept, moved, declined = [], [], []
     for routed in params:
         if not spec.accepts(routed.param):
             if explicit:
@@ -251,15 +251,17 @@ def _split_by_shape(
                 )
             moved.append(routed)
         elif spec.declines is not None and spec.declines(routed.param) and not explicit:
-            moved.append(routed)
+            declined.append(routed)
         else:
             kept.append(routed)
     parts: list[tuple[OptimizerConfig, tuple[RoutedParam, ...], str | None]] = []
     if kept:
         parts.append((config, tuple(kept), None))
-    if moved:
-        reason = f"auto: {spec.name} takes {spec.shapes} -> {spec.fallback_field}={fallback!r}"
-        parts.append((config.replace(optimizer=fallback), tuple(moved), reason))
+    # One group per reason, so each moved param carries the reason that applies to it.
+    for moved_params, why in ((declined, f"leaves {spec.declines_what}"), (moved, f"takes {spec.shapes}")):
+        if moved_params:
+            reason = f"auto: {spec.name} {why} -> {spec.fallback_field}={fallback!r}"
+            parts.append((config.replace(optimizer=fallback), tuple(moved_params), reason))
     return parts
 
 
