@@ -201,12 +201,39 @@ def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim
     return _emerging.soap(groups, use_kl_shampoo=instance["soap_use_kl_shampoo"])
 
 
+def _matrix_only(
+    *,
+    name: str,
+    description: str,
+    source: Source,
+    config_fields: tuple[str, ...],
+    instance_fields: tuple[str, ...],
+    group_options: Callable[[Mapping[str, Any]], dict[str, Any]],
+    build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer],
+) -> OptimizerSpec:
+    """A record for a 2-D-only algorithm that hands everything else to ``muon_scalar_optimizer``,
+    as Megatron-Core routes Muon's and SOAP's non-matrix and embedding params to Adam."""
+    return OptimizerSpec(
+        name=name,
+        description=description,
+        source=source,
+        shapes="2-D only",
+        config_fields=config_fields,
+        instance_fields=instance_fields,
+        group_options=group_options,
+        build=build,
+        accepts=_is_matrix,
+        declines=_embedding_output_or_opted_out,
+        fallback_field="muon_scalar_optimizer",
+        declines_what="embeddings/output layers and use_muon=False params",
+    )
+
+
 register(
-    OptimizerSpec(
+    _matrix_only(
         name="soap",
         description="SOAP: Adam in Shampoo's eigenbasis (Vyas et al., 2024); other params -> muon_scalar_optimizer",
         source="emerging-optimizers",
-        shapes="2-D only",
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
             "soap_use_kl_shampoo", "muon_scalar_optimizer",
@@ -216,10 +243,6 @@ register(
             "betas": (c["adam_beta1"], c["adam_beta2"]), "eps": c["adam_eps"], "shampoo_beta": c["soap_shampoo_beta"],
         },  # fmt: skip
         build=_build_soap,
-        accepts=_is_matrix,
-        declines=_embedding_output_or_opted_out,
-        fallback_field="muon_scalar_optimizer",
-        declines_what="embeddings/output layers and use_muon=False params",
     )
 )
 
@@ -253,28 +276,22 @@ def _build_adaptive_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> to
 
 
 register(
-    OptimizerSpec(
+    _matrix_only(
         name="muon",
         description="Muon: momentum orthogonalised by batched Newton-Schulz (optzoo); other params -> muon_scalar_optimizer",
         source="optzoo",
-        shapes="2-D only",
         config_fields=_MUON_FIELDS,
         instance_fields=(),
         group_options=_muon_options,
         build=_build_muon,
-        accepts=_is_matrix,
-        declines=_embedding_output_or_opted_out,
-        fallback_field="muon_scalar_optimizer",
-        declines_what="embeddings/output layers and use_muon=False params",
     )
 )
 
 register(
-    OptimizerSpec(
+    _matrix_only(
         name="adaptive_muon",
         description="Adaptive Muon: Muon with a second moment (adamuon/normuon/namo) after orthogonalisation (optzoo)",
         source="optzoo",
-        shapes="2-D only",
         config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
         instance_fields=(),
         group_options=lambda c: {
@@ -282,9 +299,5 @@ register(
             "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
         },  # fmt: skip
         build=_build_adaptive_muon,
-        accepts=_is_matrix,
-        declines=_embedding_output_or_opted_out,
-        fallback_field="muon_scalar_optimizer",
-        declines_what="embeddings/output layers and use_muon=False params",
     )
 )
