@@ -591,67 +591,45 @@ def test_missing_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert line == f"optzoo: error: `--config`: no such file; got {missing!r}; expected a .toml or .py file"
 
 
-def test_invalid_toml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "bad.toml", "[config]\nlr = = 1\n")
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.fullmatch(rf"optzoo: error: `{re.escape(config)}`: invalid TOML; got .*\(at line 2, column \d+\); "
-                        r"expected a TOML document", line)  # fmt: skip
-
-
-def test_unknown_config_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "field.toml", "[config]\nlr = 1e-3\nlearning_rate = 1e-3\n")
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.fullmatch(r"optzoo: error: `config\.learning_rate`: unknown OptimizerConfig field; "
-                        r"got 'learning_rate'; expected one of \['lr', 'min_lr', .*\]", line)  # fmt: skip
-
-
-def test_unknown_top_level_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "top.toml", "[optimizer]\nlr = 1e-3\n")
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.fullmatch(rf"optzoo: error: `{re.escape(config)}`: unknown top-level key; got 'optimizer'; "
-                        r"expected 'config' and 'overrides'", line)  # fmt: skip
-
-
-def test_unknown_override_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "override.toml", """
+# Each case: a config file, extra flags, and the one stderr line it must produce in full
+# ("{config}" stands for the file's path). Status 2 and no traceback are checked by run_error.
+BAD_CONFIGS = [
+    pytest.param("bad.toml", "[config]\nlr = = 1\n", (),
+                 r"optzoo: error: `{config}`: invalid TOML; got .*\(at line 2, column \d+\); expected a TOML document",
+                 id="invalid-toml"),
+    pytest.param("field.toml", "[config]\nlr = 1e-3\nlearning_rate = 1e-3\n", (),
+                 r"optzoo: error: `config\.learning_rate`: unknown OptimizerConfig field; "
+                 r"got 'learning_rate'; expected one of \['lr', 'min_lr', .*\]",
+                 id="unknown-config-field"),
+    pytest.param("top.toml", "[optimizer]\nlr = 1e-3\n", (),
+                 r"optzoo: error: `{config}`: unknown top-level key; got 'optimizer'; expected 'config' and 'overrides'",
+                 id="unknown-top-level-key"),
+    pytest.param("override.toml", """
         [config]
         lr = 1e-3
         [[overrides]]
         name = "*.bias"
         set = { weight_decay_mult = 0.0 }
-    """)
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.fullmatch(r"optzoo: error: `config_overrides rule #0 name='\*\.bias'`: unknown override field; "
-                        r"got 'weight_decay_mult'; expected one of \['lr', .*'wd_mult', .*\]", line)  # fmt: skip
-
-
-def test_model_wide_field_in_an_override(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "model_wide.toml", """
+    """, (), r"optzoo: error: `config_overrides rule #0 name='\*\.bias'`: unknown override field; "
+             r"got 'weight_decay_mult'; expected one of \['lr', .*'wd_mult', .*\]",
+                 id="unknown-override-field"),
+    pytest.param("model_wide.toml", """
         [config]
         lr = 1e-3
         [[overrides]]
         name = "*.bias"
         set = { clip_grad = 0.5 }
-    """)
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.match(r"optzoo: error: .*: field is model-wide and cannot differ per group; got 'clip_grad'", line)
-
-
-def test_unknown_key_in_an_overrides_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "table.toml", """
+    """, (), r"optzoo: error: .*: field is model-wide and cannot differ per group; got 'clip_grad'.*",
+                 id="model-wide-field-in-an-override"),
+    pytest.param("table.toml", """
         [config]
         lr = 1e-3
         [[overrides]]
         names = "*.bias"
         set = { wd_mult = 0.0 }
-    """)
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert line == ("optzoo: error: `overrides[0].names`: unknown key; got 'names'; "
-                    "expected one of ['name', 'attr', 'set']")  # fmt: skip
-
-
-def test_conflicting_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "conflict.toml", """
+    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'set']"),
+                 id="unknown-key-in-an-overrides-table"),
+    pytest.param("conflict.toml", """
         [config]
         lr = 1e-3
         [[overrides]]
@@ -660,17 +638,12 @@ def test_conflicting_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         [[overrides]]
         name = "*.linear_qkv.*"
         set = { lr = 2e-4 }
-    """)
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert line == (
+    """, (), re.escape(
         "optzoo: error: `decoder.layers.0.self_attention.linear_qkv.bias`: conflicting values for field `lr` "
         "from rule #0 name='*.bias' (lr=0.0001) and rule #1 name='*.linear_qkv.*' (lr=0.0002); "
         "expected matching rules to agree: narrow one rule or make the values equal"
-    )
-
-
-def test_strict_with_a_rule_that_matches_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "strict.toml", """
+    ), id="conflicting-overrides"),
+    pytest.param("strict.toml", """
         [config]
         lr = 1e-3
         [[overrides]]
@@ -679,37 +652,34 @@ def test_strict_with_a_rule_that_matches_nothing(capsys: pytest.CaptureFixture[s
         [[overrides]]
         name = "encoder.*"
         set = { lr = 1e-2 }
-    """)
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--strict")
-    assert re.fullmatch(r"optzoo: error: config_overrides: rule #1 name='encoder\.\*' matched no parameter; "
-                        r"parameters are: .*; expected every rule to match \(strict=True\)", line)  # fmt: skip
+    """, ("--strict",), r"optzoo: error: config_overrides: rule #1 name='encoder\.\*' matched no parameter; "
+                        r"parameters are: .*; expected every rule to match \(strict=True\)",
+                 id="strict-with-a-rule-that-matches-nothing"),
+    pytest.param("graph.toml", "[config]\nlr = 1e-3\noptimizer_cuda_graph = true\n", (),
+                 re.escape("optzoo: error: `OptimizerConfig.optimizer_cuda_graph`: not supported: CUDA-graph capture "
+                           "of the step is not implemented; got True; expected False"),
+                 id="unsupported-config-flag"),
+    pytest.param("no_lr.toml", "[config]\nweight_decay = 0.1\n", (),
+                 r"optzoo: error: `OptimizerConfig\.lr`: required to build an optimizer; got None.*",
+                 id="config-without-lr"),
+    # A quoted number in TOML is a string; the message must say which field is wrong (STYLE 14).
+    pytest.param("typed.toml", '[config]\nlr = "3e-4"\n', (),
+                 r"optzoo: error: `(OptimizerConfig|config)\.lr`: .*; got '3e-4'.*",
+                 id="config-value-of-the-wrong-type-names-the-field"),
+    pytest.param("empty.py", "lr = 1e-3\n", (),
+                 r"optzoo: error: `{config}`: must define `config` as an OptimizerConfig; got NoneType; "
+                 r"expected config = OptimizerConfig\(\.\.\.\)",
+                 id="python-config-file-without-config"),
+]  # fmt: skip
 
 
-def test_unsupported_config_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "graph.toml", "[config]\nlr = 1e-3\noptimizer_cuda_graph = true\n")
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert line == ("optzoo: error: `OptimizerConfig.optimizer_cuda_graph`: not supported: CUDA-graph capture "
-                    "of the step is not implemented; got True; expected False")  # fmt: skip
-
-
-def test_config_without_lr(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "no_lr.toml", "[config]\nweight_decay = 0.1\n")
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.match(r"optzoo: error: `OptimizerConfig\.lr`: required to build an optimizer; got None", line)
-
-
-def test_config_value_of_the_wrong_type_names_the_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """A quoted number in TOML is a string; the message must say which field is wrong (STYLE 14)."""
-    config = write_file(tmp_path, "typed.toml", '[config]\nlr = "3e-4"\n')
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert re.match(r"optzoo: error: `(OptimizerConfig|config)\.lr`: .*; got '3e-4'", line), line
-
-
-def test_python_config_file_without_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = write_file(tmp_path, "empty.py", "lr = 1e-3\n")
-    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
-    assert line == (f"optzoo: error: `{config}`: must define `config` as an OptimizerConfig; got NoneType; "
-                    "expected config = OptimizerConfig(...)")  # fmt: skip
+@pytest.mark.parametrize(("name", "text", "flags", "expected"), BAD_CONFIGS)
+def test_bad_config_file_gives_one_error_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, text: str, flags: tuple[str, ...], expected: str
+) -> None:
+    config = write_file(tmp_path, name, text)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config, *flags)
+    assert re.fullmatch(expected.replace("{config}", re.escape(config)), line), line
 
 
 # ---- argparse errors: SystemExit(2) --------------------------------------------------------
