@@ -7,9 +7,9 @@ step loop is shared with :class:`optimizers.adaptive_muon.AdaptiveMuon` through 
 points (see :class:`Muon`).
 
 Batching: one ``step`` collects every matrix it will orthogonalise (a whole param, or one Q/K/V
-block of a split param), groups those with the same shape up to transposition (tall ones are
-transposed, as Newton–Schulz does anyway), the same dtype and device and the same Newton–Schulz
-settings, and runs one batched :func:`~optimizers.newton_schulz.newton_schulz` call per group.
+block of a split param), groups those with the same shape (``4096 × 1024`` and ``1024 × 4096`` are
+two batches: stacking them together would cost a strided transposed copy each way), the same dtype
+and device and the same Newton–Schulz settings, and runs one batched :func:`~optimizers.newton_schulz.newton_schulz` call per group.
 With ``batched=False`` in a param group, each of its matrices is a batch of one: the plain
 per-tensor path, tested equal to the batched one.
 """
@@ -126,9 +126,8 @@ class _Block:
         return full.view(self.groups, -1, full.shape[1])[:, self.start : self.start + self.rows]
 
     def in_slot(self, slot: torch.Tensor) -> torch.Tensor:
-        """A batch slot (stored wide: tall blocks transposed) as a ``(groups, rows, cols)`` view."""
-        matrix = slot.mT if self.shape[0] > self.shape[1] else slot
-        return matrix.view(self.groups, self.rows, -1)
+        """A batch slot (stored in the block's own orientation) as a ``(groups, rows, cols)`` view."""
+        return slot.view(self.groups, self.rows, -1)
 
 
 def _where(group: dict[str, Any], group_index: int, param_index: int) -> str:
@@ -385,8 +384,10 @@ class Muon(CheckedGroupsOptimizer):
     @staticmethod
     def _batch_key(block: _Block, unique: int) -> tuple[Any, ...]:
         """Blocks with equal keys are orthogonalised in one call; ``batched=False`` keys are unique."""
-        group, rows_cols = block.work.group, sorted(block.shape)
-        key = (block.work.grad.device, block.work.grad.dtype, *rows_cols)
+        # Exact shapes, not shapes up to transposition: stacking a tall matrix with wide ones costs
+        # a strided transposed copy in and out, which on CPU outweighed the larger batch.
+        group = block.work.group
+        key: tuple[Any, ...] = (block.work.grad.device, block.work.grad.dtype, *block.shape)
         key += (group["num_ns_steps"], group["coefficient_type"], group["fp32_matmul_prec"])
         return key if group["batched"] else (*key, unique)
 
@@ -400,7 +401,7 @@ class Muon(CheckedGroupsOptimizer):
                     work.state["momentum_buffer"], work.grad, momentum=group["momentum"], nesterov=group["nesterov"]
                 )
         first = blocks[0]
-        stack = torch.empty((len(blocks), *sorted(first.shape)), dtype=first.work.grad.dtype, device=first.work.grad.device)
+        stack = torch.empty((len(blocks), *first.shape), dtype=first.work.grad.dtype, device=first.work.grad.device)
         for slot, block in zip(stack, blocks):
             assert block.work.direction is not None  # set just above
             block.in_slot(slot).copy_(block.of(block.work.direction))

@@ -14,7 +14,7 @@ within float32 rounding (tests/optimizers/test_newton_schulz.py).
 
 Variants (same polynomial, different association of the products):
 
-* ``standard``: the step above, ``steps · (4 m² n + 2 m³)`` matmul FLOPs for ``m ≤ n``.
+* ``standard``: the step above, ``steps · (4 m² n + 2 m³)`` matmul FLOPs for ``m ≤ n`` (dense).
 * ``gram``: Gram Newton–Schulz (Zhang, Amsel, Chen, Dao 2026,
   https://dao-ailab.github.io/blog/2026/gram-newton-schulz/). ``X_k = Q_k X₀`` with ``Q_k`` a
   polynomial in ``R = X₀ X₀ᵀ``, so the loop can run on ``m × m`` matrices only:
@@ -25,8 +25,16 @@ Variants (same polynomial, different association of the products):
   ``R ← X Xᵀ``) every :data:`GRAM_RESTART_PERIOD` steps, and use the variant only for IEEE
   float32/float64 matmuls, never bf16 or TF32.
 * ``auto`` (default): ``gram`` where it is allowed and needs fewer FLOPs
-  (:func:`newton_schulz_flops`), else ``standard``. X Xᵀ and A² are symmetric, but torch exposes
-  no SYRK; a blocked half-product in torch measured no faster on CPU, so it was not kept.
+  (:func:`newton_schulz_flops`), else ``standard``.
+
+Symmetric blocks (both variants, float32/float64, from :data:`SYMMETRIC_BLOCKS_MIN_ROWS` rows). Every ``m × m``
+matrix the loops form (``X Xᵀ``, ``A²``, ``R``, ``P``, ``Q``) is symmetric, and any two of them
+commute, so their products are symmetric too. torch exposes no SYRK, so we keep each as three
+half-size blocks ``[[S₁₁, S₁₂], [S₁₂ᵀ, S₂₂]]``: a product then takes 6 of the 8 block products
+and ``X Xᵀ`` 3 of 4, with no copies (the transposed block reaches the BLAS as a view). That is
+3/4 of the ``m × m`` FLOPs. Measured on this project's 2-core CPU (float32, round-robin medians,
+``benchmarks/bench_newton_schulz.py``): 0.86–0.92× the dense loop's time at 1024² and 2048²,
+1.04–1.17× at 512² (hence the threshold); the result differs from the dense loop by rounding only.
 
 Precision (``matmul_precision``, Megatron's ``muon_fp32_matmul_prec``). Upstream sets
 ``torch.set_float32_matmul_precision`` around the step and, under ``medium``, casts ``X`` to
@@ -55,7 +63,7 @@ import functools
 import logging
 from collections.abc import Iterator
 from itertools import chain, cycle, islice, repeat
-from typing import Final, Literal, get_args
+from typing import Final, Literal, NamedTuple, get_args
 
 import torch
 
@@ -113,6 +121,10 @@ GRAM_RESTART_PERIOD: Final = 3
 spectra down to 1e-8, rank-deficient), every set, 2 to 10 steps, spectral-norm error against
 float64: period 2 or 3 stays within 0.006 (the standard loop's worst was 0.004); period 4 reached
 0.02; one restart after step 2 (the blog's default for 5 steps) reached 2e4 at 10 steps."""
+SYMMETRIC_BLOCKS_MIN_ROWS = 1024
+"""From this many rows (after transposing tall inputs) the loops keep their symmetric matrices as
+blocks (:class:`_Symmetric`); below it, the half-size products lose more in BLAS efficiency than
+the quarter of the FLOPs they save."""
 _BF16_DEVICE_TYPES: Final = frozenset({"xpu"})
 """Device types (besides CUDA, checked by capability) with fast bf16 matmul."""
 
@@ -146,7 +158,9 @@ def has_fast_bf16_matmul(device: torch.device) -> bool:
     return device.type in _BF16_DEVICE_TYPES
 
 
-def newton_schulz_flops(rows: int, cols: int, *, steps: int, variant: Literal["standard", "gram"], batch: int = 1) -> int:
+def newton_schulz_flops(
+    rows: int, cols: int, *, steps: int, variant: Literal["standard", "gram"], batch: int = 1, bf16: bool = False
+) -> int:
     """Matmul FLOPs (``2·m·n·k`` per product) of one call; elementwise work is not counted.
 
     Args:
@@ -154,18 +168,27 @@ def newton_schulz_flops(rows: int, cols: int, *, steps: int, variant: Literal["s
         steps: Newton–Schulz iterations.
         variant: ``standard`` or ``gram`` (restarting every :data:`GRAM_RESTART_PERIOD` steps).
         batch: number of matrices.
+        bf16: whether the loop runs in bf16 (``matmul_precision="medium"`` on a fast-bf16 device),
+            which keeps its products dense.
 
     Example:
         >>> newton_schulz_flops(2, 4, steps=1, variant="standard")  # X Xᵀ, A·A, B·X
         80
     """
     m, n = min(rows, cols), max(rows, cols)
-    if variant == "standard":
-        return batch * steps * (4 * m * m * n + 2 * m**3)
+    if _uses_symmetric_blocks(m, torch.bfloat16 if bf16 else torch.float32):  # 3 of 4 blocks
+        h, k = m // 2, m - m // 2
+        gram = 2 * n * (h * h + h * k + k * k)
+        square = 2 * (h**3 + 2 * h * h * k + 2 * h * k * k + k**3)
+    else:
+        gram, square = 2 * m * m * n, 2 * m**3
+    times_x = 2 * m * m * n
+    if variant == "standard":  # X Xᵀ, A·A, B·X
+        return batch * steps * (gram + square + times_x)
     full, last = divmod(steps, GRAM_RESTART_PERIOD)
     segments = [GRAM_RESTART_PERIOD] * full + ([last] if last else [])
     # per segment: R = X Xᵀ and X = Q X, plus L squares, L-1 products Q·P and L-1 updates P R P
-    return batch * sum(4 * m * m * n + (4 * length - 3) * 2 * m**3 for length in segments)
+    return batch * sum(gram + times_x + (4 * length - 3) * square for length in segments)
 
 
 def newton_schulz(
@@ -226,7 +249,8 @@ def newton_schulz(
         X = X.mT  # iterate on the smaller Gram matrix
     X = _normalize(X.to(torch.float64 if x.dtype == torch.float64 else torch.float32), eps).to(compute_dtype)
     with _float32_matmul_precision(precision):
-        X = _gram_loop(X, schedule) if use_gram else _standard_loop(X, schedule)
+        blocks = _uses_symmetric_blocks(X.size(-2), compute_dtype)
+        X = _gram_loop(X, schedule, blocks) if use_gram else _standard_loop(X, schedule, blocks)
     if transpose:
         X = X.mT
     return X.to(x.dtype).reshape(x.shape)
@@ -240,8 +264,16 @@ def _normalize(X: torch.Tensor, eps: float) -> torch.Tensor:
     return Y.div_(norm.clamp_min(eps))
 
 
-def _standard_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+def _uses_symmetric_blocks(rows: int, compute_dtype: torch.dtype) -> bool:
+    """Blocks round each block product to the loop's dtype before summing the next into it: one
+    rounding more, harmless in float32 but not in bf16 (measured 0.15 off upstream's bf16 loop)."""
+    return rows >= SYMMETRIC_BLOCKS_MIN_ROWS and compute_dtype != torch.bfloat16
+
+
+def _standard_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...], blocks: bool) -> torch.Tensor:
     """``A = X Xᵀ;  X ← a X + (b A + c A²) X`` for each ``(a, b, c)`` (upstream's step)."""
+    if blocks:
+        return _standard_loop_blocked(X, schedule)
     for a, b, c in schedule:
         A = X @ X.mT
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
@@ -249,10 +281,11 @@ def _standard_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch
     return X
 
 
-def _gram_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+def _gram_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...], blocks: bool) -> torch.Tensor:
     """Gram Newton–Schulz, restarted every :data:`GRAM_RESTART_PERIOD` steps."""
+    segment = _gram_segment_blocked if blocks else _gram_segment
     for start in range(0, len(schedule), GRAM_RESTART_PERIOD):
-        X = _gram_segment(X, schedule[start : start + GRAM_RESTART_PERIOD])
+        X = segment(X, schedule[start : start + GRAM_RESTART_PERIOD])
     return X
 
 
@@ -272,6 +305,84 @@ def _gram_segment(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.
             R = P @ (R @ P)
     assert Q is not None  # schedule is never empty
     return Q @ X
+
+
+class _Symmetric(NamedTuple):
+    """A batch of symmetric matrices ``[[top_left, top_right], [top_rightᵀ, bottom_right]]``.
+
+    Every ``m × m`` matrix of the loops is symmetric, and so is every product of two of them (they
+    are polynomials in ``X Xᵀ`` and commute). Kept as three blocks, such a product needs 6 of the 8
+    half-size block products and no copies: ``Xᵀ`` blocks reach the BLAS as transposed views.
+    """
+
+    top_left: torch.Tensor
+    top_right: torch.Tensor
+    bottom_right: torch.Tensor
+
+    @staticmethod
+    def gram(X: torch.Tensor) -> _Symmetric:
+        """``X Xᵀ`` in 3 of its 4 blocks."""
+        upper, lower = _row_halves(X)
+        return _Symmetric(upper @ upper.mT, upper @ lower.mT, lower @ lower.mT)
+
+    def __matmul__(self, other: _Symmetric) -> _Symmetric:
+        """The product with a commuting symmetric matrix (so the product is symmetric too)."""
+        a11, a12, a22 = self
+        b11, b12, b22 = other
+        return _Symmetric(
+            _accumulate(a11 @ b11, a12, b12.mT),
+            _accumulate(a11 @ b12, a12, b22),
+            _accumulate(a22 @ b22, a12.mT, b12),
+        )
+
+    def polynomial(self, square: _Symmetric, a: float, b: float, c: float) -> _Symmetric:
+        """``a I + b S + c S²`` given ``S² = square``; consumes ``square``'s storage."""
+        p11, p12, p22 = (s2.mul_(c).add_(s, alpha=b) for s2, s in zip(square, self, strict=True))
+        p11.diagonal(dim1=-2, dim2=-1).add_(a)
+        p22.diagonal(dim1=-2, dim2=-1).add_(a)
+        return _Symmetric(p11, p12, p22)
+
+    def times(self, X: torch.Tensor, *, plus: float = 0.0) -> torch.Tensor:
+        """``S X + plus · X`` for a dense ``X``."""
+        s11, s12, s22 = self
+        upper, lower = _row_halves(X)
+        return torch.cat(
+            [_accumulate(torch.baddbmm(upper, s11, upper, beta=plus), s12, lower),
+             _accumulate(torch.baddbmm(lower, s22, lower, beta=plus), s12.mT, upper)],
+            dim=-2,
+        )  # fmt: skip
+
+
+def _accumulate(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``total += left @ right`` in place (``out=`` rather than ``baddbmm_``, which torch's
+    ``FlopCounterMode`` does not count and our tests and benchmarks count with it)."""
+    return torch.baddbmm(total, left, right, out=total)
+
+
+def _row_halves(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = X.size(-2) // 2
+    return X[..., :half, :], X[..., half:, :]
+
+
+def _standard_loop_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+    """:func:`_standard_loop` with ``A`` and ``b A + c A²`` kept as :class:`_Symmetric` blocks."""
+    for a, b, c in schedule:
+        A = _Symmetric.gram(X)
+        X = A.polynomial(A @ A, 0.0, b, c).times(X, plus=a)
+    return X
+
+
+def _gram_segment_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+    """:func:`_gram_segment` with every ``m × m`` matrix kept as :class:`_Symmetric` blocks."""
+    R = _Symmetric.gram(X)
+    Q: _Symmetric | None = None
+    for index, (a, b, c) in enumerate(schedule):
+        P = R.polynomial(R @ R, a, b, c)
+        Q = P if Q is None else Q @ P
+        if index < len(schedule) - 1:
+            R = P @ (R @ P)
+    assert Q is not None  # schedule is never empty
+    return Q.times(X)
 
 
 def _compute_dtype_and_precision(x: torch.Tensor, requested: MatmulPrecision) -> tuple[torch.dtype, MatmulPrecision]:

@@ -45,6 +45,14 @@ def highest_precision() -> Iterator[None]:
     torch.set_float32_matmul_precision(previous)
 
 
+@pytest.fixture(autouse=True, params=["dense", "symmetric-blocks"])
+def symmetric_blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs twice: with dense ``m × m`` products, and with the symmetric-block ones
+    forced on from 2 rows (by default they start at 1024, too big for most shapes here)."""
+    monkeypatch.setattr(ns, "SYMMETRIC_BLOCKS_MIN_ROWS", 10**9 if request.param == "dense" else 2)
+    return str(request.param)
+
+
 def polynomial(s: torch.Tensor, coefficient_type: CoefficientType, steps: int) -> torch.Tensor:
     for a, b, c in coefficient_schedule(coefficient_type, steps):
         s = a * s + b * s**3 + c * s**5
@@ -281,6 +289,24 @@ def test_auto_picks_gram_only_for_wide_float32_matrices() -> None:
     assert picked((16, 64), matmul_precision="medium") == "gram"  # on CPU: float32 at 'highest'
 
 
+def test_symmetric_blocks_at_their_default_threshold_equal_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.undo()  # the default threshold, not the fixture's
+    assert ns.SYMMETRIC_BLOCKS_MIN_ROWS == 1024
+    x = torch.randn(1100, 1024, generator=torch.Generator().manual_seed(0))
+    expected = _emerging.newton_schulz(x, steps=5, coefficient_type="quintic")
+    for variant in KEPT_VARIANTS:
+        assert flops_of(x=x, variant=variant) == newton_schulz_flops(1100, 1024, steps=5, variant=variant)  # type: ignore[arg-type]
+        assert newton_schulz_flops(1100, 1024, steps=5, variant=variant) < 0.9 * ns_flops_dense(1100, 1024, variant)
+        torch.testing.assert_close(newton_schulz(x, variant=variant), expected, **UPSTREAM_TOLERANCE)  # type: ignore[arg-type]
+
+
+def ns_flops_dense(rows: int, cols: int, variant: str) -> int:
+    m, n = min(rows, cols), max(rows, cols)
+    if variant == "standard":
+        return 5 * (4 * m * m * n + 2 * m**3)
+    return (4 * m * m * n + 9 * 2 * m**3) + (4 * m * m * n + 5 * 2 * m**3)  # segments of 3 and 2 steps
+
+
 # ---- precision rule -------------------------------------------------------------------------
 
 
@@ -296,19 +322,26 @@ def test_auto_picks_gram_only_for_wide_float32_matrices() -> None:
     ],
 )
 def test_matmul_precision_rule(
-    requested: str, fast_bf16: bool, expected_dtype: torch.dtype, expected_precision: str, monkeypatch: pytest.MonkeyPatch
+    requested: str,
+    fast_bf16: bool,
+    expected_dtype: torch.dtype,
+    expected_precision: str,
+    monkeypatch: pytest.MonkeyPatch,
+    symmetric_blocks: str,
 ) -> None:
-    seen: list[tuple[torch.dtype, str]] = []
+    seen: list[tuple[torch.dtype, str, bool]] = []
     standard_loop = ns._standard_loop
 
-    def spy(X: torch.Tensor, schedule: Any) -> torch.Tensor:
-        seen.append((X.dtype, torch.get_float32_matmul_precision()))
-        return standard_loop(X, schedule)
+    def spy(X: torch.Tensor, schedule: Any, blocks: bool) -> torch.Tensor:
+        seen.append((X.dtype, torch.get_float32_matmul_precision(), blocks))
+        return standard_loop(X, schedule, blocks)
 
     monkeypatch.setattr(ns, "_standard_loop", spy)
     monkeypatch.setattr(ns, "has_fast_bf16_matmul", lambda device: fast_bf16)
     out = newton_schulz(torch.randn(8, 8), matmul_precision=requested, variant="standard")  # type: ignore[arg-type]
-    assert seen == [(expected_dtype, expected_precision)]
+    # blocks round once more per product: never in bf16
+    expected_blocks = symmetric_blocks == "symmetric-blocks" and expected_dtype != torch.bfloat16
+    assert seen == [(expected_dtype, expected_precision, expected_blocks)]
     assert out.dtype == torch.float32
     assert torch.get_float32_matmul_precision() == "highest"  # restored
 
