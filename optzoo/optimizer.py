@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from optzoo.config import OptimizerConfig
 from optzoo.scalers import MegatronGradScaler
@@ -27,6 +29,32 @@ StepResult = tuple[bool, float | None, int | None]
 """``(update_successful, grad_norm, num_zeros_in_grad)``, as Megatron-Core's ``step``."""
 
 STATE_DICT_FORMAT = "optzoo.chained.v1"
+
+
+Part = tuple[int, int] | None
+"""The flat element range ``[start, stop)`` of a model param a main param stands for (``None``:
+all of it). Ranges appear only under the sharded optimizer (:mod:`optzoo.distributed`)."""
+
+
+class _Pair(NamedTuple):
+    name: str
+    model: torch.Tensor  # the whole model parameter
+    main: torch.Tensor  # what the inner optimizer steps
+    part: Part
+    aliased: bool  # ``main`` is the model's own storage (no copy to keep in sync)
+
+    @property
+    def model_part(self) -> torch.Tensor:
+        return _part_of(self.model, self.part)
+
+
+def _part_of(tensor: torch.Tensor, part: Part) -> torch.Tensor:
+    return tensor if part is None else tensor.view(-1)[part[0] : part[1]]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2), else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _shorten(items: Sequence[str], limit: int = 10) -> str:
@@ -53,6 +81,11 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         decoupled_grad_dtype: When set, main grads go to ``main_param.decoupled_grad`` in this
             dtype (the precision-aware optimizer reads them there) instead of ``.grad``.
         aliases: Extra names of tied parameters: ``{primary name: (all names)}``.
+        model_parts: Per main param, the flat element range of its model param it stands for
+            (``None``: the whole param; the default for every param).
+        process_group: Reduce the inf/NaN flag, the grad norm and the zero count over this group
+            (each rank holding different gradients); ``None``: this process alone.
+        device: Where the scale and flags live when this rank holds no parameter.
     """
 
     def __init__(
@@ -66,9 +99,13 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         params_have_main_grad: bool = False,
         decoupled_grad_dtype: torch.dtype | None = None,
         aliases: Mapping[str, tuple[str, ...]] | None = None,
+        model_parts: Sequence[Sequence[Part]] | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
     ) -> None:
         inner_ids = sorted(id(g) for opt in optimizers for g in opt.param_groups)
         assert inner_ids == sorted(id(g) for g in param_groups), "groups must be the inner ones"
+        self.process_group = process_group
         self.optimizers = list(optimizers)
         self.config = config
         self.grad_scaler = grad_scaler
@@ -79,11 +116,17 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         super().__init__(param_groups, defaults={})
         self._building = False
         self._model_params = [list(models) for models in model_params]
-        for group, models in zip(self.param_groups, self._model_params):
-            assert len(group["params"]) == len(models), "one model param per main param"
+        parts = model_parts or [[None] * len(models) for models in self._model_params]
+        self._pair_list: list[_Pair] = []
+        for group, models, group_parts in zip(self.param_groups, self._model_params, parts, strict=True):
+            assert len(group["params"]) == len(models) == len(group_parts), "one model param per main param"
+            for name, model, main, part in zip(group["param_names"], models, group["params"], group_parts):
+                aliased = main is model or (part is not None and main.data_ptr() == _part_of(model, part).data_ptr())
+                self._pair_list.append(_Pair(name, model, main, part, aliased))
         for opt in self.optimizers:
             opt.state = self.state  # params are disjoint, so one mapping serves every optimizer
-        device = self.param_groups[0]["params"][0].device
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        device = first.device if first is not None else device or torch.device("cpu")
         self._one = torch.ones(1, dtype=torch.float32, device=device)
         self._found_inf = torch.zeros(1, dtype=torch.float32, device=device)
 
@@ -105,10 +148,9 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         """``loss * loss_scale``: call ``.backward()`` on this under fp16."""
         return loss * self.get_loss_scale()
 
-    def _pairs(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
-        """``(name, model param, main param)`` for every parameter, group by group."""
-        for group, models in zip(self.param_groups, self._model_params):
-            yield from zip(group["param_names"], models, group["params"])
+    def _pairs(self) -> Iterator[_Pair]:
+        """Every (model param, main param) pair, group by group."""
+        return iter(self._pair_list)
 
     @torch.no_grad()
     def reload_model_params(self) -> None:
@@ -117,9 +159,9 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         Covers fp32 main copies here and master weights an inner optimizer keeps in its state
         (the precision-aware Adam's ``reload_master_weights_``).
         """
-        for _, model, main in self._pairs():
-            if main is not model:
-                main.copy_(model)
+        for pair in self._pairs():
+            if not pair.aliased:
+                pair.main.copy_(pair.model_part)
         for opt in self.optimizers:
             reload = getattr(opt, "reload_master_weights_", None)
             if callable(reload):
@@ -162,9 +204,11 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
 
         Checked for every parameter before any is touched, so a bad gradient changes nothing.
         """
-        pairs = [(model, main, self._model_grad(name, model)) for name, model, main in self._pairs()]
+        pairs = [(pair, self._model_grad(pair.name, pair.model)) for pair in self._pairs()]
         main_grads = []
-        for model, main, grad in pairs:
+        for pair, full_grad in pairs:
+            model, main = pair.model, pair.main
+            grad = None if full_grad is None else _part_of(full_grad, pair.part)
             if grad is None:
                 if self.decoupled_grad_dtype is not None:
                     setattr(main, "decoupled_grad", None)
@@ -174,7 +218,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
                 setattr(main, "decoupled_grad", decoupled)  # read by the precision-aware Adam
                 main_grads.append(decoupled)
                 model.grad = None
-            elif main is model:
+            elif pair.aliased:
                 main.grad = grad  # fp32: in place (main_grad is aliased, as Megatron does)
                 main_grads.append(grad)
             else:
@@ -190,31 +234,46 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         is nothing to unscale, so one read pass computes the global norm (reused for clipping)
         and a non-finite norm means an inf/NaN gradient (or a norm beyond fp32's range).
         """
-        if not grads:
+        if not grads and self.process_group is None:
             return False, None
         if self.grad_scaler is None:
-            norm = _global_norm(grads)
+            norm = self._grad_norm(grads)
             return not bool(torch.isfinite(norm).item()), norm
         self._found_inf.zero_()
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for grad in grads:
-            by_dtype.setdefault(grad.dtype, []).append(grad)
+            by_dtype.setdefault(grad.dtype, []).append(_local(grad))
         for same_dtype in by_dtype.values():
             torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, self._found_inf, self.grad_scaler.inv_scale)
+        self._all_reduce(self._found_inf, dist.ReduceOp.MAX)  # one rank's inf skips every rank
         return bool(self._found_inf.item() > 0), None
+
+    def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
+        if self.process_group is not None:
+            dist.all_reduce(tensor, op=op, group=self.process_group)
+
+    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The L2 norm over every rank's gradients (each rank holding its own share)."""
+        if self.process_group is None:
+            return _global_norm(grads)
+        local = [_local(g) for g in grads]
+        squared = (_global_norm(local).double() ** 2) if local else torch.zeros((), dtype=torch.float64, device=self._one.device)
+        self._all_reduce(squared, dist.ReduceOp.SUM)
+        return squared.sqrt().float()
 
     def _clip(self, grads: list[torch.Tensor], norm: torch.Tensor | None) -> float:
         """Scale by ``clip_grad / (norm + 1e-6)`` where that is below 1 (Megatron's rule)."""
-        total = norm if norm is not None else _global_norm(grads)
+        total = norm if norm is not None else self._grad_norm(grads)
         coefficient = torch.clamp(self.config.clip_grad / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coefficient)
+        if grads:
+            torch._foreach_mul_([_local(g) for g in grads], coefficient)
         return float(total)
 
     @torch.no_grad()
     def _copy_main_params_to_model_params(self) -> None:
-        for _, model, main in self._pairs():
-            if main is not model:
-                model.copy_(main)
+        for pair in self._pairs():
+            if not pair.aliased:
+                pair.model_part.copy_(pair.main)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
@@ -243,15 +302,13 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if found_inf:
             return False, None, None
         grad_norm: float | None = None
-        if self.config.clip_grad > 0.0 and grads:
+        if self.config.clip_grad > 0.0 and (grads or self.process_group is not None):
             with self._timed("optimizer-clip-main-grad"):
                 grad_norm = self._clip(grads, norm)
         num_zeros: int | None = None
         if self.config.log_num_zeros_in_grad:
             with self._timed("optimizer-count-zeros"):
-                num_zeros = sum(g.numel() for g in grads) - int(
-                    sum(torch.count_nonzero(g) for g in grads) if grads else 0
-                )
+                num_zeros = self._count_zeros(grads)
         with self._timed("optimizer-inner-step"):
             for opt in self.optimizers:
                 opt.step()
@@ -259,12 +316,22 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             self._copy_main_params_to_model_params()
         return True, grad_norm, num_zeros
 
+    def _count_zeros(self, grads: list[torch.Tensor]) -> int:
+        local = [_local(g) for g in grads]
+        zeros = torch.tensor(
+            [sum(g.numel() for g in local) - int(sum(torch.count_nonzero(g) for g in local) if local else 0)],
+            dtype=torch.int64, device=self._one.device,
+        )  # fmt: skip
+        self._all_reduce(zeros, dist.ReduceOp.SUM)
+        return int(zeros.item())
+
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear model grads and main grads (and ``main_grad`` buffers)."""
         super().zero_grad(set_to_none)
-        for _, model, main in self._pairs():
-            if model is not main:
+        for pair in self._pairs():
+            model, main = pair.model, pair.main
+            if not pair.aliased:
                 model.grad = None if set_to_none else (model.grad.zero_() if model.grad is not None else None)
             main_grad = getattr(model, "main_grad", None) if self.params_have_main_grad else None
             if main_grad is not None:
@@ -292,7 +359,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             "param_groups": groups,
             "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
             # fp32 main copies of 16-bit params: the model's bf16/fp16 weights cannot restore them.
-            "main_params": {name: main for name, model, main in self._pairs() if main is not model},
+            "main_params": {pair.name: pair.main for pair in self._pairs() if not pair.aliased},
         }
 
     def _name_index(self) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, int]]:
@@ -366,7 +433,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             group = self.param_groups[group_of[primary]]
             new_state[param] = {key: _load_value(param, key, v, group) for key, v in values.items()}
 
-        main_of = {name: main for name, model, main in self._pairs() if main is not model}
+        main_of = {pair.name: pair.main for pair in self._pairs() if not pair.aliased}
         saved_mains = {resolve(n) or n: v for n, v in (state_dict.get("main_params") or {}).items()}
         if set(saved_mains) != set(main_of):
             raise ValueError(
