@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from optimizers.registry import get_spec
 from optzoo.config import OptimizerConfig
@@ -101,6 +103,30 @@ def _main_params(config: OptimizerConfig, groups: list[ResolvedGroup]) -> dict[i
     return mains
 
 
+def fsdp_process_group(groups: Sequence[ResolvedGroup]) -> dist.ProcessGroup | None:
+    """The group over which FSDP2 (``fully_shard``) shards the params, or ``None`` without DTensors.
+
+    Every DTensor param must live on the same 1-D device mesh (what ``fully_shard`` builds for
+    plain data parallelism); HSDP's 2-D meshes and tensor parallelism are not supported.
+    """
+    meshes: dict[Any, str] = {}
+    for group in groups:
+        for routed, name in zip(group.params, group.param_names):
+            if isinstance(routed.param, DTensor):
+                meshes.setdefault(routed.param.device_mesh, name)
+    if not meshes:
+        return None
+    if len(meshes) > 1 or next(iter(meshes)).ndim != 1:
+        described = ", ".join(f"{mesh} (first: `{name}`)" for mesh, name in meshes.items())
+        raise ValueError(
+            f"`model_chunks`: DTensor params must share one 1-D device mesh (FSDP2 data parallelism); "
+            f"got {described}; expected fully_shard over a single 1-D mesh"
+        )
+    group = next(iter(meshes)).get_group()
+    assert isinstance(group, dist.ProcessGroup)
+    return group
+
+
 def get_optimizer(
     config: OptimizerConfig,
     model_chunks: Sequence[torch.nn.Module] | torch.nn.Module,
@@ -182,6 +208,7 @@ def get_optimizer(
         params_have_main_grad=params_have_main_grad,
         decoupled_grad_dtype=config.main_grads_dtype if precision_aware else None,
         aliases=aliases,
+        process_group=fsdp_process_group(groups),
     )
 
     if dump_param_to_param_group_map is not None:
