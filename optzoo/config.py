@@ -183,9 +183,9 @@ class OptimizerConfig:
 
     # ---- Distributed optimizer --------------------------------------------------------------
     use_distributed_optimizer: bool = False
-    """Shard optimizer state over data-parallel ranks (issue #5); must be False for now."""
+    """Shard optimizer state over data-parallel ranks (ZeRO-1; :mod:`optzoo.distributed`)."""
     use_layer_wise_distributed_optimizer: bool = False
-    """Layer-wise distributed optimizer (issue #5); must be False for now."""
+    """Each param owned by one data-parallel rank, balanced by cost (:mod:`optzoo.distributed`)."""
     overlap_param_gather: bool = False
     """Overlap the parameter all-gather with forward compute; needs Megatron's DDP buffers."""
     overlap_param_gather_with_optimizer_step: bool = False
@@ -372,10 +372,12 @@ _TYPE_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
 _UNSUPPORTED: tuple[tuple[str, Any, str], ...] = (
     ("fp8_recipe", None, "FP8 training needs Transformer Engine, which optzoo does not use"),
     ("reuse_grad_buf_for_mxfp8_param_ag", False, "needs Megatron's DDP grad buffers and MXFP8"),
-    ("use_distributed_optimizer", False, "sharded optimizer state lands with issue #5"),
-    ("use_layer_wise_distributed_optimizer", False, "the layer-wise optimizer lands with issue #5"),
     ("overlap_param_gather", False, "needs Megatron's DDP parameter buffers"),
-    ("overlap_param_gather_with_optimizer_step", False, "needs the distributed optimizer (issue #5)"),
+    (
+        "overlap_param_gather_with_optimizer_step", False,
+        "needs Megatron's DDP parameter buffers to overlap the gather with the next forward; "
+        "optzoo's distributed optimizer gathers params right after the step",
+    ),
     ("optimizer_cpu_offload", False, "CPU offload (HybridDeviceOptimizer) is not implemented"),
     ("optimizer_offload_fraction", 0.0, "CPU offload is not implemented"),
     ("use_torch_optimizer_for_cpu_offload", False, "CPU offload is not implemented"),

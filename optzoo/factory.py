@@ -15,9 +15,18 @@ from torch.distributed.tensor import DTensor
 from optimizers.registry import get_spec
 from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, ResolvedGroup, _jsonable, qualified_names, resolve_groups
-from optzoo.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer, MixedPrecisionOptimizer
+from optzoo.distributed import (
+    DistributedOptimizer,
+    Mode,
+    ParamSync,
+    ShardingPlan,
+    check_same_model,
+    plan_shards,
+    resolve_process_group,
+)
+from optzoo.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer, MixedPrecisionOptimizer, Part
 from optzoo.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
-from routing import ParamKey, Routing, named_trainable_parameters
+from routing import ParamKey, RoutedParam, Routing, named_trainable_parameters
 
 
 def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing, num_chunks: int) -> dict[str, Any]:
@@ -83,23 +92,40 @@ def _check_precision(config: OptimizerConfig, groups: list[ResolvedGroup]) -> No
                 )
 
 
-def _main_params(config: OptimizerConfig, groups: list[ResolvedGroup]) -> dict[int, torch.Tensor]:
-    """The tensor the inner optimizer steps for each model param (by ``id``).
+def _main_params(
+    config: OptimizerConfig,
+    groups: list[ResolvedGroup],
+    *,
+    parts: Sequence[Sequence[Part]],
+    local: Sequence[Sequence[tuple[int, RoutedParam]]],
+) -> dict[tuple[int, int], torch.Tensor]:
+    """The tensor the inner optimizer steps for each local param, by (group index, position).
 
     fp32 copies of fp16/bf16 params under ``fp16``/``bf16``; the model param itself otherwise,
-    and under the precision-aware optimizer (which keeps its own master state).
+    and under the precision-aware optimizer (which keeps its own master state). A param sharded
+    by elements is stood for by a flat view of its range (sharing the model's storage), or an
+    fp32 copy of that range.
     """
     copy_16bit = (config.fp16 or config.bf16) and not config.use_precision_aware_optimizer
-    mains: dict[int, torch.Tensor] = {}
-    for group in groups:
-        for routed in group.params:
+    mains: dict[tuple[int, int], torch.Tensor] = {}
+    for group, members, group_parts in zip(groups, local, parts):
+        for (position, routed), part in zip(members, group_parts):
             param = routed.param
+            if part is not None and not param.is_contiguous():
+                raise ValueError(
+                    f"`{group.param_names[position]}`: sharding by elements needs a contiguous parameter; "
+                    f"got strides {param.stride()}; expected a contiguous tensor"
+                )
+            view = param.detach() if part is None else param.detach().view(-1)[part[0] : part[1]]
             if copy_16bit and param.dtype in _LOW_PRECISION:
-                main = torch.nn.Parameter(param.detach().to(torch.float32), requires_grad=False)
-                main.__dict__.update(param.__dict__)  # keep routing attributes visible to algorithms
-                mains[id(param)] = main
+                main = torch.nn.Parameter(view.to(torch.float32), requires_grad=False)
+            elif part is None:
+                main = param
             else:
-                mains[id(param)] = param
+                main = torch.nn.Parameter(view, requires_grad=False)  # shares the model's storage
+            if main is not param:
+                main.__dict__.update(param.__dict__)  # keep routing attributes visible to algorithms
+            mains[(group.index, position)] = main
     return mains
 
 
@@ -135,6 +161,8 @@ def get_optimizer(
     dump_param_to_param_group_map: str | os.PathLike[str] | None = None,
     strict: bool = False,
     params_have_main_grad: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+    param_sync: ParamSync = "all_gather",
 ) -> MixedPrecisionOptimizer:
     """Build one optimizer for every trainable parameter of ``model_chunks``.
 
@@ -151,10 +179,17 @@ def get_optimizer(
         strict: A key that matches no parameter is an error instead of a warning.
         params_have_main_grad: Gradients live in ``param.main_grad`` (a DDP-style fp32
             buffer) instead of ``param.grad``.
+        process_group: The data-parallel group the distributed optimizers shard over (default:
+            the world). Only with ``use_distributed_optimizer`` or
+            ``use_layer_wise_distributed_optimizer``.
+        param_sync: How updated params reach every rank under those flags: ``all_gather``
+            (default) or ``broadcast``.
 
     Returns:
         A :class:`Float16OptimizerWithFloat16Params` when ``fp16``/``bf16`` (fp32 main copies of
-        16-bit params), else an :class:`FP32Optimizer`; ``step()`` returns
+        16-bit params), else an :class:`FP32Optimizer`; under ``use_distributed_optimizer`` or
+        ``use_layer_wise_distributed_optimizer`` an :class:`optzoo.distributed.DistributedOptimizer`
+        over this rank's shards. ``step()`` returns
         ``(success, grad_norm, num_zeros)`` and skips inf/NaN steps.
 
     Raises:
@@ -177,8 +212,38 @@ def get_optimizer(
     groups, routing = resolve_groups(config, chunks, config_overrides, strict=strict)
 
     _check_precision(config, groups)
-    mains = _main_params(config, groups)
-    torch_groups = [group.torch_param_group([mains[id(r.param)] for r in group.params]) for group in groups]
+    distributed = config.use_distributed_optimizer or config.use_layer_wise_distributed_optimizer
+    if process_group is not None and not distributed:
+        raise ValueError(
+            "`process_group`: only used by the distributed optimizers; got a process group with "
+            "use_distributed_optimizer=False and use_layer_wise_distributed_optimizer=False; "
+            "expected one of them True, or process_group=None"
+        )
+    plan: ShardingPlan | None = None
+    if distributed:
+        flag = "use_layer_wise_distributed_optimizer" if config.use_layer_wise_distributed_optimizer else "use_distributed_optimizer"
+        process_group = resolve_process_group(process_group, flag)
+        if fsdp_process_group(groups) is not None:
+            raise ValueError(
+                f"`{flag}`: FSDP2 (fully_shard) already shards params and optimizer state; got DTensor "
+                f"params with {flag}=True; expected {flag}=False with FSDP2"
+            )
+        check_same_model(groups, process_group)
+        mode: Mode = "layer_wise" if config.use_layer_wise_distributed_optimizer else "sharded"
+        plan = plan_shards(groups, dist.get_world_size(process_group), mode)
+        owned = {(s.group, s.index): s for s in plan.owned(dist.get_rank(process_group))}
+        local_params = [[(k, r) for k, r in enumerate(g.params) if (g.index, k) in owned] for g in groups]
+        parts = [[owned[(g.index, k)].part for k, _ in local_params[g.index]] for g in groups]
+    else:
+        process_group = fsdp_process_group(groups)
+        local_params = [list(enumerate(g.params)) for g in groups]
+        parts = [[None] * len(g.params) for g in groups]
+    mains = _main_params(config, groups, parts=[[p for p in part] for part in parts], local=local_params)
+    torch_groups = []
+    for group, members in zip(groups, local_params):
+        torch_group = group.torch_param_group([mains[(group.index, k)] for k, _ in members])
+        torch_group["param_names"] = [group.param_names[k] for k, _ in members]
+        torch_groups.append(torch_group)
     # One inner optimizer per algorithm and instance-level setting, in order of first use.
     instances: dict[tuple[Any, ...], list[int]] = {}
     for group in groups:
@@ -199,17 +264,31 @@ def get_optimizer(
     }
     wrapper = Float16OptimizerWithFloat16Params if config.fp16 or config.bf16 else FP32Optimizer
     precision_aware = config.use_precision_aware_optimizer
-    optimizer = wrapper(
-        inner,
-        torch_groups,
-        model_params=[[r.param for r in group.params] for group in groups],
+    device = groups[0].params[0].param.device
+    common: dict[str, Any] = dict(
+        model_params=[[r.param for _, r in members] for members in local_params],
+        model_parts=parts,
         config=config,
-        grad_scaler=make_grad_scaler(config, device=groups[0].params[0].param.device),
+        grad_scaler=make_grad_scaler(config, device=device),
         params_have_main_grad=params_have_main_grad,
         decoupled_grad_dtype=config.main_grads_dtype if precision_aware else None,
         aliases=aliases,
-        process_group=fsdp_process_group(groups),
+        process_group=process_group,
+        device=device,
     )
+    optimizer: MixedPrecisionOptimizer
+    if plan is not None:
+        optimizer = DistributedOptimizer(
+            inner,
+            torch_groups,
+            plan=plan,
+            full_param_names=[g.param_names for g in groups],
+            all_params={name: r.param for g in groups for r, name in zip(g.params, g.param_names)},
+            param_sync=param_sync,
+            **common,
+        )
+    else:
+        optimizer = wrapper(inner, torch_groups, **common)
 
     if dump_param_to_param_group_map is not None:
         path = Path(dump_param_to_param_group_map)
