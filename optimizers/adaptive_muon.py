@@ -3,6 +3,10 @@
 The second-moment rules are the pure functions :func:`adamuon_`, :func:`normuon_` and
 :func:`namo_`; :class:`AdaptiveMuon` plugs them into :class:`~optimizers.muon.Muon`'s step loop
 through its override points.
+
+FSDP2 (DTensor params): AdaMuon's second moment is element-wise, so it is sharded like the param
+and updated on this rank's shard. NorMuon's (a row or column vector) and NAMO's (a scalar) are
+small and are replicated: every rank updates its copy from the same whole matrices.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from typing import Any, Literal, get_args, override
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.optim.optimizer import ParamsT
 
-from optimizers.muon import Muon, ScaleMode, compute_dtype, muon_scale_factor
+from optimizers.muon import FinishInput, Muon, ScaleMode, compute_dtype, local_shard, muon_scale_factor
 from optimizers.newton_schulz import CoefficientType, MatmulPrecision
 
 Moment2Method = Literal["adamuon", "normuon", "namo"]
@@ -151,7 +157,22 @@ class AdaptiveMuon(Muon):
             shape = tuple(reduced)
         elif group["moment2_method"] == "namo":
             shape = (1,)
-        state["exp_avg_sq"] = torch.zeros(shape, dtype=compute_dtype(param), device=param.device)
+        dtype = compute_dtype(param)
+        if not isinstance(param, DTensor):
+            state["exp_avg_sq"] = torch.zeros(shape, dtype=dtype, device=param.device)
+        elif group["moment2_method"] == "adamuon":
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=dtype)  # sharded like the param
+        else:
+            mesh = param.device_mesh
+            state["exp_avg_sq"] = dtensor_zeros(shape, dtype=dtype, device_mesh=mesh, placements=[Replicate()] * mesh.ndim)
+
+    @override
+    def _whole_inputs(self, group: dict[str, Any]) -> frozenset[FinishInput]:
+        if group["moment2_method"] == "normuon":
+            return frozenset({"orthogonal"})  # row/column means and Frobenius norms span the matrix
+        if group["moment2_method"] == "namo":
+            return frozenset({"grad", "direction"})  # their Frobenius norms; O only gets a scalar factor
+        return frozenset()  # adamuon: element-wise
 
     @override
     def _orthogonal_scale(self, group: dict[str, Any], rows: int, cols: int) -> float:
@@ -162,7 +183,7 @@ class AdaptiveMuon(Muon):
         self, orthogonal: torch.Tensor, *, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
         grad: torch.Tensor, direction: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
-        method, v = group["moment2_method"], state["exp_avg_sq"]
+        method, v = group["moment2_method"], local_shard(state["exp_avg_sq"])
         if method == "adamuon":
             update = adamuon_(orthogonal, v, beta2=group["beta2"], eps=group["eps"])
         elif method == "normuon":

@@ -12,6 +12,12 @@ two batches: stacking them together would cost a strided transposed copy each wa
 and device and the same Newton–Schulz settings, and runs one batched :func:`~optimizers.newton_schulz.newton_schulz` call per group.
 With ``batched=False`` in a param group, each of its matrices is a batch of one: the plain
 per-tensor path, tested equal to the batched one.
+
+FSDP2 (``fully_shard``): a DTensor param's element-wise steps (weight decay, momentum, the final
+update) run on this rank's shard, and its state is sharded like it; the direction is all-gathered
+(one all-gather per param and step) and orthogonalised whole, batched as above, and each rank
+keeps its own shard of the result. Every rank orthogonalises every matrix: redundant compute,
+accepted for now because it is simple and its result equals a single process's.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from types import MappingProxyType
 from typing import Any, Literal, get_args, override
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 from torch.optim.optimizer import ParamsT, StateDict
 
 from optimizers._checked import CheckedGroupsOptimizer
@@ -31,6 +38,8 @@ from optimizers.newton_schulz import CoefficientType, MatmulPrecision, newton_sc
 
 ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
 """How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
+FinishInput = Literal["orthogonal", "grad", "direction"]
+"""An input of ``_finish_update`` that a variant may need whole under FSDP2 (``_whole_inputs``)."""
 PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 """Param dtypes Muon takes: float64 computes in float64; the 16-bit ones compute (and keep state) in float32."""
 
@@ -94,18 +103,45 @@ def compute_dtype(param: torch.Tensor) -> torch.dtype:
     return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2), else the tensor itself; in-place ops on it update the DTensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def gather_whole(shard: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """The whole tensor whose pieces are every rank's ``shard``, laid out as ``like``'s (an all-gather).
+
+    ``like`` gives the mesh, placements and global shape, so uneven shards (rows not divisible
+    by the world size) come back unpadded.
+    """
+    spread = DTensor.from_local(shard, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+    return spread.full_tensor()
+
+
+def take_shard(whole: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """This rank's shard of ``whole`` (a tensor every rank holds), laid out as ``like``'s local shard.
+
+    Redistributing from ``Replicate`` to ``like``'s placements slices locally: no communication.
+    """
+    mesh = like.device_mesh
+    replicated = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return replicated.redistribute(mesh, like.placements).to_local()
+
+
 @dataclass(eq=False)
 class _Work:
     """One param's step in flight: its inputs, and its blocks as they are orthogonalised."""
 
-    param: torch.Tensor
+    param: torch.Tensor  # a DTensor under FSDP2 (its shape is the whole matrix's)
+    local: torch.Tensor  # what the element-wise steps update: the param, or this rank's shard of it
     group: dict[str, Any]
     state: dict[str, Any]
-    grad: torch.Tensor  # contiguous, in the compute dtype
+    grad: torch.Tensor  # contiguous, in the compute dtype; this rank's shard under FSDP2
     where: str  # names the param in messages
     remaining: int = 0
-    direction: torch.Tensor | None = None  # the momentum (or Nesterov) direction, once computed
-    orthogonal: torch.Tensor | None = None  # Newton–Schulz output, scaled by _orthogonal_scale
+    direction: torch.Tensor | None = None  # the momentum (or Nesterov) direction, once computed (local)
+    matrix: torch.Tensor | None = None  # the whole direction to orthogonalise (``direction`` unless sharded)
+    orthogonal: torch.Tensor | None = None  # Newton–Schulz output of ``matrix``, scaled by _orthogonal_scale
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,8 +222,9 @@ class Muon(CheckedGroupsOptimizer):
 
     Override points, for variants (:class:`~optimizers.adaptive_muon.AdaptiveMuon`) that share
     this step loop: :meth:`_check_group` (validate a group), :meth:`_init_state` (lazy state),
-    :meth:`_orthogonal_scale` (factor on each orthogonalised matrix) and :meth:`_finish_update`
-    (from the param's orthogonalised update to the one applied with ``-lr``).
+    :meth:`_orthogonal_scale` (factor on each orthogonalised matrix), :meth:`_finish_update`
+    (from the param's orthogonalised update to the one applied with ``-lr``) and
+    :meth:`_whole_inputs` (which of its inputs it needs whole for FSDP2-sharded params).
 
     Args:
         params: 2-D params or param groups; a group may set any argument below except ``params``.
@@ -322,8 +359,11 @@ class Muon(CheckedGroupsOptimizer):
     # ---- override points ----------------------------------------------------------------------
 
     def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        """Override point: lazy state of a param, in its compute dtype."""
-        state["momentum_buffer"] = torch.zeros(param.shape, dtype=compute_dtype(param), device=param.device)
+        """Override point: lazy state of a param, in its compute dtype (a DTensor sharded like the param under FSDP2)."""
+        if isinstance(param, DTensor):
+            state["momentum_buffer"] = torch.zeros_like(param, dtype=compute_dtype(param))
+        else:
+            state["momentum_buffer"] = torch.zeros(param.shape, dtype=compute_dtype(param), device=param.device)
 
     def _orthogonal_scale(self, group: dict[str, Any], rows: int, cols: int) -> float:
         """Override point: the factor on a ``rows × cols`` orthogonalised matrix (1: none)."""
@@ -335,8 +375,20 @@ class Muon(CheckedGroupsOptimizer):
         grad: torch.Tensor, direction: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         """Override point: the update applied as ``W ← W − lr · update``, from the param's
-        orthogonalised (and :meth:`_orthogonal_scale`-d) direction. Muon applies it as is."""
+        orthogonalised (and :meth:`_orthogonal_scale`-d) direction. Muon applies it as is.
+
+        For a DTensor (FSDP2) param, each input is this rank's shard unless :meth:`_whole_inputs`
+        names it, state tensors are read through :func:`local_shard`, and the update returned
+        covers what ``orthogonal`` covers."""
         return orthogonal
+
+    def _whole_inputs(self, group: dict[str, Any]) -> frozenset[FinishInput]:
+        """Override point: the :meth:`_finish_update` inputs it needs whole for a DTensor param.
+
+        With ``orthogonal`` whole, the update is computed whole on every rank and then sharded.
+        Muon's is element-wise (none): gathering costs communication, so name only what is needed.
+        """
+        return frozenset()
 
     # ---- the step loop ------------------------------------------------------------------------
 
@@ -364,8 +416,8 @@ class Muon(CheckedGroupsOptimizer):
                 state = self.state[param]
                 if not state:
                     self._init_state(param, state, group)
-                grad = param.grad.to(dtype=compute_dtype(param), memory_format=torch.contiguous_format)
-                yield _Work(param, group, state, grad, where)
+                grad = local_shard(param.grad).to(dtype=compute_dtype(param), memory_format=torch.contiguous_format)
+                yield _Work(param, local_shard(param), group, state, grad, where)
 
     def _blocks(self, work: _Work) -> list[_Block]:
         rows = work.param.shape[0]
@@ -396,15 +448,18 @@ class Muon(CheckedGroupsOptimizer):
         for work in {id(b.work): b.work for b in blocks}.values():
             if work.direction is None:
                 group = work.group
-                decoupled_weight_decay_(work.param, lr=group["lr"], weight_decay=group["weight_decay"])
+                decoupled_weight_decay_(work.local, lr=group["lr"], weight_decay=group["weight_decay"])
                 work.direction = momentum_direction_(
-                    work.state["momentum_buffer"], work.grad, momentum=group["momentum"], nesterov=group["nesterov"]
+                    local_shard(work.state["momentum_buffer"]), work.grad, momentum=group["momentum"], nesterov=group["nesterov"]
                 )
+                # FSDP2: Newton–Schulz needs the whole matrix; every rank gathers (and orthogonalises) it.
+                param = work.param
+                work.matrix = gather_whole(work.direction, param) if isinstance(param, DTensor) else work.direction
         first = blocks[0]
         stack = torch.empty((len(blocks), *first.shape), dtype=first.work.grad.dtype, device=first.work.grad.device)
         for slot, block in zip(stack, blocks):
-            assert block.work.direction is not None  # set just above
-            block.in_slot(slot).copy_(block.of(block.work.direction))
+            assert block.work.matrix is not None  # set just above
+            block.in_slot(slot).copy_(block.of(block.work.matrix))
         group = first.work.group  # the batch key makes these settings common to the batch
         out = newton_schulz(
             stack, steps=group["num_ns_steps"], coefficient_type=group["coefficient_type"],
@@ -423,19 +478,29 @@ class Muon(CheckedGroupsOptimizer):
                 work.orthogonal = block.in_slot(slot)[0]  # the whole matrix: a view, no copy
             else:
                 if work.orthogonal is None:
-                    work.orthogonal = torch.empty_like(work.grad)
+                    assert work.matrix is not None  # set with the direction
+                    work.orthogonal = torch.empty(work.matrix.shape, dtype=work.matrix.dtype, device=work.matrix.device)
                 block.of(work.orthogonal).copy_(block.in_slot(slot))
             work.remaining -= 1
             if work.remaining == 0:
                 self._apply(work)
 
     def _apply(self, work: _Work) -> None:
-        assert work.orthogonal is not None and work.direction is not None  # every block is done
+        assert work.orthogonal is not None and work.direction is not None and work.matrix is not None  # every block is done
+        orthogonal, grad, direction = work.orthogonal, work.grad, work.direction
+        whole: frozenset[FinishInput] = frozenset()
+        if isinstance(work.param, DTensor):
+            whole = self._whole_inputs(work.group)
+            orthogonal = orthogonal if "orthogonal" in whole else take_shard(orthogonal, work.param)
+            direction = work.matrix if "direction" in whole else direction
+            grad = gather_whole(grad, work.param) if "grad" in whole else grad
         update = self._finish_update(
-            work.orthogonal, param=work.param, state=work.state, group=work.group, grad=work.grad, direction=work.direction
+            orthogonal, param=work.param, state=work.state, group=work.group, grad=grad, direction=direction
         )
-        work.param.add_(update, alpha=-work.group["lr"])
-        work.orthogonal = work.direction = None
+        if isinstance(work.param, DTensor) and "orthogonal" in whole:
+            update = take_shard(update, work.param)
+        work.local.add_(update, alpha=-work.group["lr"])
+        work.orthogonal = work.direction = work.matrix = None
 
     # ---- state dict ---------------------------------------------------------------------------
 

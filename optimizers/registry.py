@@ -198,7 +198,25 @@ def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim
             "`OptimizerConfig.soap_precondition_frequency`: emerging-optimizers 0.3.0's SOAP "
             f"refreshes its preconditioner every step; got {instance['soap_precondition_frequency']!r}; expected 1"
         )
+    _refuse_dtensors(groups, "soap")
     return _emerging.soap(groups, use_kl_shampoo=instance["soap_use_kl_shampoo"])
+
+
+def _refuse_dtensors(groups: ParamGroups, name: str) -> None:
+    """Raise for FSDP2-sharded (DTensor) params: a preconditioner built from a shard is wrong, not slow."""
+    from torch.distributed.tensor import DTensor
+
+    for group_index, group in enumerate(groups):
+        names = group.get("param_names")
+        for param_index, param in enumerate(group["params"]):
+            if isinstance(param, DTensor):
+                where = f"`{names[param_index]}`" if names else f"param group #{group_index}, param #{param_index}"
+                raise ValueError(
+                    f"{where}: {name} needs whole matrices (emerging-optimizers' class preconditions the "
+                    f"tensor it is given and cannot gather FSDP2 shards); got a DTensor of shape "
+                    f"{tuple(param.shape)} with placements {tuple(param.placements)}; expected a plain "
+                    f"tensor: route it to muon or adam, or leave its module out of fully_shard"
+                )
 
 
 def _matrix_only(

@@ -26,12 +26,13 @@ with ``torch.distributed.checkpoint`` instead.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import heapq
 import pickle
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -183,6 +184,30 @@ def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode) ->
     order = {(g.index, i): k for k, (g, i, _, _) in enumerate(entries)}
     shards.sort(key=lambda s: (order[(s.group, s.index)], s.start))
     return ShardingPlan(world_size, mode, tuple(shards))
+
+
+@contextlib.contextmanager
+def preserve_param_attributes(model: torch.nn.Module) -> Iterator[None]:
+    """Put routing attributes back on params that the block replaces, matched by name.
+
+    FSDP2's ``fully_shard`` registers new (DTensor) parameters and drops the attributes set on
+    the old ones (``is_embedding_or_output_parameter``, ``qkv_split_shapes``, ``use_muon``), which
+    would silently change the routing: embeddings would go to Muon, QKV would not be split.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 2)
+        >>> model.weight.use_muon = False
+        >>> with preserve_param_attributes(model):
+        ...     model.weight = torch.nn.Parameter(model.weight.detach().clone())  # as fully_shard does
+        >>> model.weight.use_muon
+        False
+    """
+    attributes = {name: dict(param.__dict__) for name, param in model.named_parameters()}
+    yield
+    for name, param in model.named_parameters():
+        for key, value in attributes.get(name, {}).items():
+            if not hasattr(param, key):
+                setattr(param, key, value)
 
 
 def resolve_process_group(process_group: dist.ProcessGroup | None, flag: str) -> dist.ProcessGroup:
