@@ -214,6 +214,40 @@ def test_sharded_bf16_keeps_main_params_for_its_shard_only() -> None:
         assert all(p.dtype == torch.bfloat16 for p in run["params"].values())
 
 
+ZOO = {
+    "sgd": ({"optimizer": "sgd", "lr": 1e-2, "sgd_momentum": 0.9, "weight_decay": 0.1}, {}),
+    "lion": ({"optimizer": "lion", "lr": 1e-3, "weight_decay": 0.1}, {}),
+    "soap": ({"optimizer": "soap", "lr": 1e-2, **NOISE_TOLERANT}, ROUNDING),
+    "adaptive_muon": ({"optimizer": "adaptive_muon", "lr": 1e-2, **NOISE_TOLERANT}, ROUNDING),
+    "adam bf16": ({**ADAM, "bf16": True}, {}),
+    "adam precision-aware": ({**ADAM, "bf16": True, "use_precision_aware_optimizer": True, "exp_avg_dtype": torch.bfloat16}, {}),
+}
+
+
+def train_zoo(rank: int, world: int) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
+    """Every entry of ZOO under both flags, in one spawned run."""
+    runs: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+    for name, (config, _) in ZOO.items():
+        bf16 = config.get("bf16", False)
+        base = {k: v for k, v in config.items() if k != "bf16"}
+        for mode, flags in (("layer_wise", LAYER_WISE), ("sharded", SHARDED)):
+            runs.setdefault(name, {})[mode] = train(rank, world, {"config": {**base, **flags}, "steps": 3, "bf16": bf16})["params"]
+    return runs
+
+
+def test_every_optimizer_of_the_zoo_under_both_flags_equals_one_process() -> None:
+    """Element-wise optimizers bitwise (bf16 and precision-aware Adam included); SOAP and
+    Adaptive Muon to rounding (their matrices are batched differently per rank)."""
+    runs = run_ranks(2, train_zoo)
+    for name, (config, tolerance) in ZOO.items():
+        bf16 = config.get("bf16", False)
+        base = {k: v for k, v in config.items() if k != "bf16"}
+        expected = single({"config": base, "steps": 3, "bf16": bf16})["params"]
+        for run in runs:
+            for mode in ("layer_wise", "sharded"):
+                assert_params_equal(run[name][mode], expected, **tolerance)
+
+
 def test_inf_on_one_rank_skips_the_step_on_every_rank() -> None:
     spec = {"config": {**ADAM, **LAYER_WISE}, "steps": 2, "inf_on_rank": 1}
     runs = run_ranks(2, train, spec)
