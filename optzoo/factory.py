@@ -163,6 +163,7 @@ def get_optimizer(
     params_have_main_grad: bool = False,
     process_group: dist.ProcessGroup | None = None,
     param_sync: ParamSync = "all_gather",
+    pg_collection: Any = None,
 ) -> MixedPrecisionOptimizer:
     """Build one optimizer for every trainable parameter of ``model_chunks``.
 
@@ -184,6 +185,8 @@ def get_optimizer(
             ``use_layer_wise_distributed_optimizer``.
         param_sync: How updated params reach every rank under those flags: ``all_gather``
             (default) or ``broadcast``.
+        pg_collection: Megatron-Core's ``ProcessGroupCollection`` (or any object with a ``dp_cp``
+            or ``dp`` process group): its data-parallel group is used as ``process_group``.
 
     Returns:
         A :class:`Float16OptimizerWithFloat16Params` when ``fp16``/``bf16`` (fp32 main copies of
@@ -212,6 +215,18 @@ def get_optimizer(
     groups, routing = resolve_groups(config, chunks, config_overrides, strict=strict)
 
     _check_precision(config, groups)
+    if pg_collection is not None:
+        if process_group is not None:
+            raise ValueError(
+                "`pg_collection`: gives the data-parallel group, and so does `process_group`; got both; "
+                "expected only one of them"
+            )
+        process_group = getattr(pg_collection, "dp_cp", None) or getattr(pg_collection, "dp", None)
+        if not isinstance(process_group, dist.ProcessGroup):
+            raise ValueError(
+                f"`pg_collection`: has no data-parallel process group; got {type(pg_collection).__name__} "
+                f"with dp_cp/dp = {process_group!r}; expected a torch.distributed.ProcessGroup in `dp_cp` or `dp`"
+            )
     distributed = config.use_distributed_optimizer or config.use_layer_wise_distributed_optimizer
     if process_group is not None and not distributed:
         raise ValueError(

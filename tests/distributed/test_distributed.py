@@ -10,6 +10,7 @@ batches differ in composition, results agree to float32 rounding instead.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -102,7 +103,8 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             torch.save(model.state_dict(), Path(spec["save_dcp"]) / "model.pt")
     if isinstance(optimizer, DistributedOptimizer):
         out["loads"] = optimizer.plan.loads()
-        out["owned"] = [s.name for s in optimizer.plan.owned(rank)]
+        out["owned"] = [s.name for s in optimizer.plan.owned(optimizer.rank)]
+        out["state_elements"] = optimizer.plan.state_elements()
     return out
 
 
@@ -256,6 +258,35 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank() -> None:
         assert run["results"][0] == (False, None, None)
         assert run["results"][1][0]
         assert_params_equal(run["params"], expected["params"])
+
+
+def train_in_pairs(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Two data-parallel groups of 2 ranks ({0, 1}, {2, 3}), passed as Megatron's pg_collection."""
+    import torch.distributed as dist
+
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
+    collection = SimpleNamespace(dp=pairs[rank // 2])
+    spec = {"config": {**ADAM, **SHARDED}, "steps": 2, "kwargs": {"pg_collection": collection}}
+    out = train(rank, world, spec)
+    return {"params": out["params"], "state_elements": out["state_elements"]}  # type: ignore[dict-item]
+
+
+def test_a_data_parallel_subgroup_from_pg_collection() -> None:
+    runs = run_ranks(4, train_in_pairs)
+    expected = single({"config": ADAM, "steps": 2})
+    for run in runs:
+        assert_params_equal(run["params"], expected["params"])  # type: ignore[arg-type]
+    # sharded over the 2 ranks of each pair, not over the 4 of the world
+    assert all(len(run["state_elements"]) == 2 for run in runs)
+
+
+def test_pg_collection_without_a_data_parallel_group_is_refused() -> None:
+    with pytest.raises(ValueError) as error:
+        get_optimizer(OptimizerConfig(**ADAM, **SHARDED), build(), pg_collection=SimpleNamespace(tp=None))
+    assert str(error.value) == (
+        "`pg_collection`: has no data-parallel process group; got SimpleNamespace with dp_cp/dp = None; "
+        "expected a torch.distributed.ProcessGroup in `dp_cp` or `dp`"
+    )
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
