@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import tomllib
 import warnings
@@ -16,6 +17,7 @@ from tabulate import tabulate
 from optimizers.registry import get_spec, registered_names
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
+from optzoo.distributed import Mode, Shard, ShardingPlan, plan_shards
 from optzoo.factory import param_group_map
 from optzoo.groups import ResolvedGroup, _jsonable, qualified_names, resolve_groups
 from optzoo.models import BUILTIN_MODELS, build_model
@@ -101,7 +103,72 @@ def explain_rows(groups: Sequence[ResolvedGroup], routing: Routing, num_chunks: 
     return rows
 
 
+def _owner_text(shards: Sequence[Shard]) -> str:
+    """``1`` for a param one rank owns whole; ``0[0:44] 1[44:64]`` for one split into ranges."""
+    if len(shards) == 1 and shards[0].whole:
+        return str(shards[0].rank)
+    return " ".join(f"{s.rank}[{s.start}:{s.stop}]" for s in shards)
+
+
+def owner_shards(groups: Sequence[ResolvedGroup], plan: ShardingPlan, num_chunks: int) -> dict[str, list[Shard]]:
+    """``{name: shards}`` for every parameter name, tied names included (they share the shards)."""
+    by_canonical: dict[str, list[Shard]] = {}
+    for shard in plan.shards:
+        by_canonical.setdefault(shard.name, []).append(shard)
+    result: dict[str, list[Shard]] = {}
+    for group in groups:
+        for routed, canonical in zip(group.params, group.param_names):
+            for name in qualified_names(routed, num_chunks):
+                result[name] = by_canonical[canonical]
+    return result
+
+
+def rank_rows(plan: ShardingPlan) -> list[dict[str, Any]]:
+    """Per rank: params it holds (a split param counts on each of its ranks), state elements, load."""
+    loads, elements = plan.loads(), plan.state_elements()
+    total = sum(loads)
+    counts = [len({(s.group, s.index) for s in plan.owned(rank)}) for rank in range(plan.world_size)]
+    return [
+        {"rank": rank, "params": counts[rank], "state_elements": elements[rank], "load_flops": loads[rank],
+         "share": loads[rank] / total if total else 0.0}
+        for rank in range(plan.world_size)
+    ]  # fmt: skip
+
+
+def _gflop(flops: float) -> str:
+    """GFLOP to 4 significant digits without an exponent (loads span 1e-3 to 1e4 GFLOP)."""
+    gflop = flops / 1e9
+    return f"{gflop:.{max(0, 3 - math.floor(math.log10(gflop)))}f}" if gflop > 0 else "0"
+
+
+RANK_HEADERS = ["rank", "params owned", "state elements", "load (GFLOP/step)", "share (%)"]
+
+
+def _distributed_mode(args: argparse.Namespace, config: OptimizerConfig) -> Mode:
+    """``--distributed-mode``, else the config's flag (as ``get_optimizer`` picks), else layer_wise."""
+    from_config: Mode | None = (
+        "layer_wise" if config.use_layer_wise_distributed_optimizer
+        else "sharded" if config.use_distributed_optimizer
+        else None
+    )  # fmt: skip
+    if args.distributed_mode is None:
+        return from_config or "layer_wise"
+    if from_config is not None and from_config != args.distributed_mode:
+        flag = "use_layer_wise_distributed_optimizer" if from_config == "layer_wise" else "use_distributed_optimizer"
+        print(f"optzoo: warning: `--distributed-mode {args.distributed_mode}` overrides the config's {flag}=True; "
+              f"showing the {args.distributed_mode} plan", file=sys.stderr)  # fmt: skip
+    mode: Mode = args.distributed_mode
+    return mode
+
+
 def _cmd_dump(args: argparse.Namespace) -> int:
+    if args.world_size is not None and args.world_size < 1:
+        raise ValueError(f"`--world-size`: must be at least 1; got {args.world_size}; expected an integer >= 1")
+    if args.distributed_mode is not None and args.world_size is None:
+        raise ValueError(
+            f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "
+            "without it; expected --world-size N as well"
+        )
     if args.config:
         config, overrides = load_config_file(args.config)
     else:
@@ -113,18 +180,39 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         groups, routing = resolve_groups(config, chunks, overrides, strict=args.strict)
     for warning in caught:
         print(f"optzoo: warning: {warning.message}", file=sys.stderr)
+    # The plan every rank of get_optimizer would compute: it needs only shapes, so meta is enough.
+    plan = None if args.world_size is None else plan_shards(groups, args.world_size, _distributed_mode(args, config))
+    owners = {} if plan is None else owner_shards(groups, plan, len(chunks))
     if args.format == "json":
         document = param_group_map(groups, routing, len(chunks))
         if not args.explain:
             document.pop("matched_rules")
         for group in document["groups"]:
             group.pop("config")
+        if plan is not None:
+            document["world_size"] = plan.world_size
+            document["distributed_mode"] = plan.mode
+            document["owners"] = {
+                name: [{"rank": s.rank, "start": s.start, "stop": s.stop} for s in shards] for name, shards in owners.items()
+            }
+            document["ranks"] = rank_rows(plan)
         print(json.dumps(document, indent=2))
         return 0
     print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
-    if args.explain:
+    if args.explain or plan is not None:
+        rows = explain_rows(groups, routing, len(chunks))
+        headers = ["parameter", "group", "shape", "matched rules"]
+        if not args.explain:
+            rows, headers = [row[:3] for row in rows], headers[:3]
+        if plan is not None:
+            rows, headers = [[*row, _owner_text(owners[row[0]])] for row in rows], [*headers, "owner"]
         print()
-        print(tabulate(explain_rows(groups, routing, len(chunks)), headers=["parameter", "group", "shape", "matched rules"], tablefmt="simple"))
+        print(tabulate(rows, headers=headers, tablefmt="simple"))
+    if plan is not None:
+        table = [[r["rank"], r["params"], r["state_elements"], _gflop(r["load_flops"]), 100 * r["share"]] for r in rank_rows(plan)]
+        print()
+        print(f"{plan.mode} plan over {plan.world_size} rank{'s' if plan.world_size > 1 else ''}:")
+        print(tabulate(table, headers=RANK_HEADERS, tablefmt="simple", floatfmt=".1f", disable_numparse=[3], colalign=("right",) * 5))
     return 0
 
 
@@ -152,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--explain", action="store_true", help="add one row per parameter with the rules that matched it")
     dump.add_argument("--format", choices=["table", "json"], default="table")
     dump.add_argument("--strict", action="store_true", help="a rule that matches nothing is an error")
+    dump.add_argument(
+        "--world-size", type=int, metavar="N",
+        help="also show the distributed optimizer's plan over N ranks: each param's owner and each rank's load",
+    )
+    dump.add_argument(
+        "--distributed-mode", choices=["layer_wise", "sharded"],
+        help="the plan with --world-size (default: sharded if the config sets use_distributed_optimizer, else layer_wise)",
+    )
     dump.set_defaults(run=_cmd_dump)
 
     demo = commands.add_parser("demo", help="train the built-in GPT on the standard library's source")

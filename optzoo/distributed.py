@@ -26,6 +26,7 @@ with ``torch.distributed.checkpoint`` instead.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import copy
 import hashlib
@@ -163,7 +164,9 @@ def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode) ->
         offset = 0
         for group, index, name, param in flat:
             numel = param.numel()
-            for rank in range(world_size):
+            first = max(0, bisect.bisect_right(bounds, offset) - 1)  # ranks overlapping this param only
+            last = min(world_size, bisect.bisect_left(bounds, offset + numel))
+            for rank in range(first, last):
                 start, stop = max(bounds[rank], offset), min(bounds[rank + 1], offset + numel)
                 if start < stop:
                     cost = (stop - start) * ELEMENTWISE_FLOPS_PER_ELEMENT
@@ -291,6 +294,12 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             param = self._all_params[shard.name]
             ranks = self._layout.setdefault(param.dtype, [[] for _ in range(plan.world_size)])
             ranks[shard.rank].append((param, shard.start, shard.stop))
+        # The plan fixes every bucket's size: allocate them once, not every step.
+        self._buffers: dict[torch.dtype, list[torch.Tensor]] = {}
+        for dtype, ranks in self._layout.items():
+            sizes = [sum(stop - start for _, start, stop in pieces) for pieces in ranks]
+            lengths = [max(sizes)] * len(sizes) if param_sync == "all_gather" else sizes
+            self._buffers[dtype] = [torch.empty(n, dtype=dtype, device=self._one.device) for n in lengths]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
@@ -302,25 +311,24 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     @torch.no_grad()
     def _sync_params(self) -> None:
+        if self.plan.world_size == 1:
+            return  # the only rank already holds every update
         for dtype, ranks in self._layout.items():
-            sizes = [sum(stop - start for _, start, stop in pieces) for pieces in ranks]
+            buffers = self._buffers[dtype]
             if self.param_sync == "all_gather":
-                buffers = [torch.empty(max(sizes), dtype=dtype, device=self._one.device) for _ in ranks]
                 _pack(ranks[self.rank], buffers[self.rank])
                 dist.all_gather(buffers, buffers[self.rank], group=self.process_group)
                 for rank, pieces in enumerate(ranks):
                     if rank != self.rank:
                         _unpack(pieces, buffers[rank])
             else:
+                assert self.process_group is not None
                 for rank, pieces in enumerate(ranks):
-                    buffer = torch.empty(sizes[rank], dtype=dtype, device=self._one.device)
                     if rank == self.rank:
-                        _pack(pieces, buffer)
-                    assert self.process_group is not None
-                    source = dist.get_global_rank(self.process_group, rank)
-                    dist.broadcast(buffer, src=source, group=self.process_group)
+                        _pack(pieces, buffers[rank])
+                    dist.broadcast(buffers[rank], src=dist.get_global_rank(self.process_group, rank), group=self.process_group)
                     if rank != self.rank:
-                        _unpack(pieces, buffer)
+                        _unpack(pieces, buffers[rank])
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:

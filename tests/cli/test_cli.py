@@ -23,7 +23,9 @@ import pytest
 import torch
 
 from optimizers.registry import get_spec, registered_names
+from optzoo import OptimizerConfig, resolve_groups
 from optzoo.cli import main
+from optzoo.distributed import plan_shards
 from optzoo.models import GPT, GPTConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -738,3 +740,168 @@ def test_python_dash_m_runs_the_cli_and_returns_its_status(tmp_path: Path) -> No
     assert bad.stdout == ""
     assert [line for line in bad.stderr.splitlines() if line.startswith("optzoo:")] == bad.stderr.splitlines()[-1:]
     assert bad.stderr.splitlines()[-1].startswith("optzoo: error: `--model`: unknown model; got 'gtp'")
+
+
+# ---- dump-param-groups --world-size: the distributed optimizer's plan ----------------------
+
+GPT_ELEMENTS = 478720  # 475136 in the matrices + 3584 in biases and norms (the group table above)
+GPT_MATRICES = {n for n, nd in builtin_gpt_names() if nd == 2}
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    document = dump_json(capsys, "--model", "gpt", *argv)
+    assert set(document["owners"]) == set(document["param_to_group"])  # every name has owners
+    ranks = document["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(document["world_size"]))
+    assert sum(r["share"] for r in ranks) == pytest.approx(1.0)
+    return document
+
+
+def numel_of(name: str) -> int:
+    with torch.device("meta"):
+        return dict(GPT(GPTConfig()).named_parameters())[name].numel()
+
+
+def test_layer_wise_plan_gives_every_param_one_owner_and_balances_adam_elements(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    document = plan_json(capsys, "--world-size", "2")
+    assert document["distributed_mode"] == "layer_wise"  # the default without a config flag
+    owners = document["owners"]
+    for name, pieces in owners.items():
+        assert pieces == [{"rank": pieces[0]["rank"], "start": 0, "stop": numel_of(name)}], name
+    # Largest first to the least-loaded rank: rank 0 takes the embeddings, both linear_fc1, one
+    # qkv and one proj (245760 elements); rank 1 the rest, with every vector.
+    on_rank_0 = {n for n, pieces in owners.items() if pieces[0]["rank"] == 0}
+    assert on_rank_0 == {
+        "embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+        "decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.linear_fc1.weight",
+        "decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.self_attention.linear_proj.weight",
+    }  # fmt: skip
+    ranks = document["ranks"]
+    assert [r["params"] for r in ranks] == [6, 23]
+    assert [r["state_elements"] for r in ranks] == [245760, 232960]
+    # Adam costs 10 FLOPs per element, so the loads are 10x the elements and sum to the whole model's.
+    assert [r["load_flops"] for r in ranks] == [2457600.0, 2329600.0]
+    assert sum(r["load_flops"] for r in ranks) == 10 * GPT_ELEMENTS
+
+
+@pytest.mark.parametrize(("world", "elements"), [(2, [239360, 239360]), (3, [159573, 159573, 159574])])
+def test_sharded_plan_cuts_adam_params_into_ranges_that_differ_by_at_most_one_element(
+    capsys: pytest.CaptureFixture[str], world: int, elements: list[int]
+) -> None:
+    document = plan_json(capsys, "--world-size", str(world), "--distributed-mode", "sharded")
+    assert document["distributed_mode"] == "sharded"
+    assert [r["state_elements"] for r in document["ranks"]] == elements
+    assert sum(elements) == GPT_ELEMENTS
+    # Each param's pieces tile it in order; ranks take the flat sequence in rank order.
+    flat_ranks = []
+    for name, pieces in document["owners"].items():
+        assert pieces[0]["start"] == 0 and pieces[-1]["stop"] == numel_of(name), name
+        assert all(a["stop"] == b["start"] and a["rank"] < b["rank"] for a, b in itertools.pairwise(pieces)), name
+        flat_ranks += [p["rank"] for p in pieces]
+    assert flat_ranks == sorted(flat_ranks)
+    assert sum(len(pieces) - 1 for pieces in document["owners"].values()) == world - 1  # one cut per boundary
+
+
+def test_sharded_config_flag_selects_the_sharded_plan_and_keeps_muon_matrices_whole(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_file(tmp_path, "zero.toml", """
+        [config]
+        lr = 1e-3
+        optimizer = "muon"
+        use_distributed_optimizer = true
+    """)
+    document = plan_json(capsys, "--config", config, "--world-size", "2")
+    assert document["distributed_mode"] == "sharded"
+    owners = document["owners"]
+    muon = {n for n, g in group_of(document).items() if document["groups"][g]["optimizer"] == "muon"}
+    # Muon hands the params tagged is_embedding_or_output_parameter to Adam itself.
+    assert muon == GPT_MATRICES - {"embedding.word_embeddings.weight", "output_layer.weight"}
+    assert all(len(owners[n]) == 1 for n in muon)
+    assert sum(len(pieces) for pieces in owners.values()) > len(owners)  # some Adam param is split
+    # The explicit flag wins over the config's, with a warning saying so.
+    status, out, err = run(capsys, "dump-param-groups", "--model", "gpt", "--config", config,
+                           "--world-size", "2", "--distributed-mode", "layer_wise", "--format", "json")  # fmt: skip
+    assert status == 0
+    assert err == ("optzoo: warning: `--distributed-mode layer_wise` overrides the config's "
+                   "use_distributed_optimizer=True; showing the layer_wise plan\n")  # fmt: skip
+    assert json.loads(out)["distributed_mode"] == "layer_wise"
+
+
+def test_plan_on_the_meta_device_equals_plan_shards_on_real_tensors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The CLI plans on the meta device; param_cost reads only shapes, so real tensors agree."""
+    config = write_file(tmp_path, "muon.toml", '[config]\nlr = 1e-3\noptimizer = "muon"\n')
+    groups, _ = resolve_groups(OptimizerConfig(lr=1e-3, optimizer="muon"), [GPT(GPTConfig())], None)
+    for mode in ("layer_wise", "sharded"):
+        plan = plan_shards(groups, 3, mode)
+        document = plan_json(capsys, "--config", config, "--world-size", "3", "--distributed-mode", mode)
+        assert [r["load_flops"] for r in document["ranks"]] == plan.loads()
+        assert [r["state_elements"] for r in document["ranks"]] == plan.state_elements()
+        assert {n: [p["rank"] for p in pieces] for n, pieces in document["owners"].items()} == plan.owners()
+        assert len(set(plan.loads())) > 1  # Newton-Schulz costs, not a per-element count
+
+
+def test_tied_names_share_their_tensors_owner(capsys: pytest.CaptureFixture[str]) -> None:
+    document = dump_json(capsys, "--model", "gpt-tied", "--world-size", "2")
+    owners = document["owners"]
+    assert owners["output_layer.weight"] == owners["embedding.word_embeddings.weight"] == [
+        {"rank": 0, "start": 0, "stop": 256 * 128}
+    ]
+    assert sum(r["params"] for r in document["ranks"]) == 28  # the tied tensor counted once
+    assert sum(r["state_elements"] for r in document["ranks"]) == GPT_ELEMENTS - 256 * 128
+
+
+def test_world_size_table_adds_an_owner_column_and_a_per_rank_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--world-size", "2", "--distributed-mode", "sharded")
+    groups_table, params_table, summary = out.split("\n\n")
+    assert len(groups_table.splitlines()) == 4
+    header, _, *rows = params_table.splitlines()
+    assert header.split() == ["parameter", "group", "shape", "owner"]
+    owners = {row.split()[0]: row.split(maxsplit=3)[3] for row in rows}
+    assert len(owners) == 29
+    assert owners["decoder.layers.0.mlp.linear_fc2.weight"] == "0[0:59136] 1[59136:65536]"
+    assert owners["decoder.layers.0.mlp.linear_fc1.weight"] == "0"
+    assert owners["decoder.final_layernorm.bias"] == "1"
+    assert summary.splitlines() == [
+        "sharded plan over 2 ranks:",
+        "  rank    params owned    state elements    load (GFLOP/step)    share (%)",
+        "------  --------------  ----------------  -------------------  -----------",
+        "     0               6            239360             0.002394         50.0",
+        "     1              24            239360             0.002394         50.0",
+    ]
+
+
+def test_world_size_with_explain_puts_the_owner_after_the_matched_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--world-size", "2", "--explain")
+    header, _, *rows = out.split("\n\n")[1].splitlines()
+    assert header.split() == ["parameter", "group", "shape", "matched", "rules", "owner"]
+    row = next(r for r in rows if r.startswith("decoder.final_layernorm.bias "))
+    assert row.split()[-1] == "1"
+    assert "#0 name='*.bias', predicate='is_1d'" in row
+
+
+@pytest.mark.parametrize("world", ["0", "-2"])
+def test_world_size_below_one_is_an_error(capsys: pytest.CaptureFixture[str], world: str) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--world-size", world)
+    assert line == f"optzoo: error: `--world-size`: must be at least 1; got {world}; expected an integer >= 1"
+
+
+def test_distributed_mode_without_world_size_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--distributed-mode", "sharded")
+    assert line == ("optzoo: error: `--distributed-mode`: needs --world-size; got --distributed-mode sharded "
+                    "without it; expected --world-size N as well")  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (("--world-size", "two"), r"optzoo: error: argument --world-size: invalid int value: 'two' .*"),
+    (("--world-size", "2", "--distributed-mode", "zero1"), r"optzoo: error: argument --distributed-mode: invalid choice: 'zero1' .*"),
+])  # fmt: skip
+def test_bad_world_size_or_mode_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], expected: str
+) -> None:
+    line = run_usage_error(capsys, "dump-param-groups", "--model", "gpt", *argv)
+    assert re.fullmatch(expected, line), line
