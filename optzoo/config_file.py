@@ -1,6 +1,6 @@
-"""Read an optimizer config and its overrides from a TOML or Python file.
+"""Config files and routing recipes: read and write ``(config, config_overrides)`` as TOML or YAML.
 
-TOML layout (``docs/cli.md`` has the full reference)::
+TOML layout (``docs/cli.md`` and ``docs/routing.md`` have the full reference)::
 
     [config]                      # OptimizerConfig fields; dtypes as strings ("bfloat16")
     lr = 3e-4
@@ -9,31 +9,47 @@ TOML layout (``docs/cli.md`` has the full reference)::
     [[overrides]]                 # one table per ParamKey, in order
     name = ["*.bias", "*layernorm*"]   # globs on the full dotted name (str or list)
     attr = "is_embedding_or_output_parameter"   # attributes (str or list)
+    predicate = "is_1d"           # registered predicates (routing.register_predicate)
+    exclude_name = "*.q_layernorm.*"   # exclude_name/_attr/_predicate: take matches back out
     set = { wd_mult = 0.0 }       # the override: config fields and schedule keys
 
-Without an ``overrides`` entry the standard overrides apply (``config_overrides=None``);
+YAML has the same layout (``config:`` mapping, ``overrides:`` list) and needs PyYAML. Without
+an ``overrides`` entry the standard overrides apply (``config_overrides=None``);
 ``overrides = []`` means none at all. A Python file defines ``config`` (an ``OptimizerConfig``)
-and optionally ``config_overrides``.
+and optionally ``config_overrides``. Recipes shipped with optzoo (``optzoo/recipes/*.toml``)
+load by name: :func:`load_recipe`, or :func:`load_config_file` with a name that is not a file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
 import runpy
 import tomllib
+from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from optzoo.config import OptimizerConfig
-from optzoo.groups import OverrideValue
-from routing import ParamKey
+from optzoo.groups import OverrideValue, normalize_overrides
+from routing import ParamKey, overrides_from_entries, overrides_to_entries
 
-_OVERRIDE_TABLE_KEYS = ("name", "attr", "set")
+Format = Literal["toml", "yaml"]
+"""Text formats of a recipe."""
+
+_TOP_LEVEL = ("config", "overrides")
 _DTYPE_FIELDS = {
     f.name for f in dataclasses.fields(OptimizerConfig) if f.type in ("torch.dtype", torch.dtype)
 }
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+# ---- config <-> plain values --------------------------------------------------------------
 
 
 def _dtype(field: str, value: Any) -> Any:
@@ -44,8 +60,10 @@ def _dtype(field: str, value: Any) -> Any:
     )
 
 
-def config_from_mapping(values: dict[str, Any]) -> OptimizerConfig:
+def config_from_mapping(values: Any) -> OptimizerConfig:
     """An ``OptimizerConfig`` from plain values; unknown fields list the valid ones."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"`config`: must be a table of OptimizerConfig fields; got {values!r}; expected e.g. {{ lr = 3e-4 }}")
     valid = [f.name for f in dataclasses.fields(OptimizerConfig)]
     for field in values:
         if field not in valid:
@@ -54,48 +72,264 @@ def config_from_mapping(values: dict[str, Any]) -> OptimizerConfig:
     return OptimizerConfig(**converted)
 
 
-def _as_str_tuple(where: str, value: Any) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-        raise ValueError(f"`{where}`: must be a string or a list of strings; got {value!r}; expected e.g. '*.bias'")
-    return tuple(items)
+def config_to_mapping(config: OptimizerConfig) -> dict[str, Any]:
+    """The fields of ``config`` that differ from ``OptimizerConfig()``, as plain values.
+
+    Raises:
+        ValueError: ``timers`` is set (a callable cannot be written down).
+    """
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(OptimizerConfig):
+        value = getattr(config, f.name)
+        if value == f.default:
+            continue
+        if f.name == "timers":
+            raise ValueError(f"`config.timers`: cannot be written to a recipe; got {value!r}; expected None")
+        values[f.name] = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+    return values
 
 
 def overrides_from_list(entries: Any) -> dict[ParamKey, OverrideValue]:
-    """``[{name, attr, set}, ...]`` (TOML's ``[[overrides]]``) as ``{ParamKey: override}``."""
-    if not isinstance(entries, list):
-        raise ValueError(f"`overrides`: must be a list of tables; got {entries!r}; expected [[overrides]] tables")
-    overrides: dict[ParamKey, OverrideValue] = {}
-    for index, entry in enumerate(entries):
-        where = f"overrides[{index}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"`{where}`: must be a table; got {entry!r}; expected keys {list(_OVERRIDE_TABLE_KEYS)}")
-        for key in entry:
-            if key not in _OVERRIDE_TABLE_KEYS:
-                raise ValueError(f"`{where}.{key}`: unknown key; got {key!r}; expected one of {list(_OVERRIDE_TABLE_KEYS)}")
-        values = entry.get("set")
-        if not isinstance(values, dict) or not values:
-            raise ValueError(f"`{where}.set`: must be a non-empty table of fields; got {values!r}; expected e.g. {{ wd_mult = 0.0 }}")
-        key = ParamKey(
-            name=_as_str_tuple(f"{where}.name", entry.get("name", [])),
-            attr=_as_str_tuple(f"{where}.attr", entry.get("attr", [])),
+    """``[{name, attr, predicate, exclude_*, set}, ...]`` (TOML's ``[[overrides]]``) as ``{ParamKey: override}``."""
+    return dict(overrides_from_entries(entries))
+
+
+# ---- recipe documents ---------------------------------------------------------------------
+
+
+def recipe_from_overrides(
+    config_overrides: Mapping[ParamKey, OverrideValue] | None, config: OptimizerConfig | None = None
+) -> dict[str, Any]:
+    """``(config, config_overrides)`` as a recipe document: ``{"config": {...}, "overrides": [...]}``.
+
+    ``config`` is written as its fields that differ from ``OptimizerConfig()`` (left out when
+    ``None``); ``config_overrides=None`` leaves ``overrides`` out, which reads back as the
+    standard overrides, and ``{}`` writes ``overrides = []``. :func:`dump_recipe` turns the
+    document into text, :func:`parse_recipe` reads it back into equal keys and config.
+
+    Raises:
+        ValueError: A key holds a predicate that is not registered (recipes name predicates),
+            an override field is unknown or model-wide, an ``OptimizerConfig`` override comes
+            without ``config`` (it means "the fields that differ from config"), or ``timers`` is set.
+
+    Example:
+        >>> from optzoo import get_standard_config_overrides
+        >>> config = OptimizerConfig(lr=1e-3)
+        >>> recipe_from_overrides(get_standard_config_overrides(config), config)
+        {'config': {'lr': 0.001}, 'overrides': [{'name': '*.bias', 'predicate': 'is_1d', 'set': {'wd_mult': 0.0}}]}
+    """
+    document: dict[str, Any] = {}
+    if config is not None:
+        document["config"] = config_to_mapping(config)
+    if config_overrides is not None:
+        if config is None and any(isinstance(v, OptimizerConfig) for v in config_overrides.values()):
+            raise ValueError(
+                "`config_overrides`: an OptimizerConfig override means its fields that differ from the config; "
+                "got one without config; expected recipe_from_overrides(config_overrides, config)"
+            )
+        document["overrides"] = overrides_to_entries(normalize_overrides(config or OptimizerConfig(), config_overrides))
+    return document
+
+
+def _document(where: str, document: Any) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValue] | None]:
+    if document is None:  # an empty YAML file
+        document = {}
+    if not isinstance(document, Mapping):
+        raise ValueError(
+            f"`{where}`: must be a table with keys 'config' and 'overrides'; got {type(document).__name__}; "
+            "expected config: {...} and overrides: [...]"
         )
-        if key in overrides:
-            raise ValueError(f"`{where}`: duplicate rule; got {key.describe()} twice; expected each rule once")
-        overrides[key] = dict(values)
-    return overrides
+    for key in document:
+        if key not in _TOP_LEVEL:
+            raise ValueError(f"`{where}`: unknown top-level key; got {key!r}; expected 'config' and 'overrides'")
+    config = config_from_mapping(document.get("config", {}))
+    if "overrides" not in document:
+        return config, None
+    return config, overrides_from_list(document["overrides"])
+
+
+def parse_recipe(
+    text: str, format: Format = "toml", *, where: str = "recipe"
+) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValue] | None]:
+    """Read ``(config, config_overrides)`` from TOML or YAML text.
+
+    Raises:
+        ValueError: Invalid TOML or YAML, an unknown top-level key, config field or entry key,
+            or a bad entry (unknown predicate, missing ``set``, duplicate rule, ...).
+        ImportError: YAML without PyYAML installed.
+    """
+    if format == "yaml":
+        document = _yaml_load(text, where)
+    elif format == "toml":
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"`{where}`: invalid TOML; got {error}; expected a TOML document") from None
+    else:
+        raise ValueError(f"`format`: unknown recipe format; got {format!r}; expected 'toml' or 'yaml'")
+    return _document(where, document)
+
+
+def dump_recipe(recipe: Mapping[str, Any], format: Format = "toml") -> str:
+    """A recipe document (:func:`recipe_from_overrides`) as TOML or YAML text.
+
+    Raises:
+        ValueError: An unknown top-level key, or a value TOML cannot hold (``None``, objects).
+        ImportError: YAML without PyYAML installed.
+
+    Example:
+        >>> print(dump_recipe({"config": {"lr": 0.001}, "overrides": [{"predicate": "is_1d", "set": {"wd_mult": 0.0}}]}))
+        [config]
+        lr = 0.001
+        <BLANKLINE>
+        [[overrides]]
+        predicate = "is_1d"
+        set = { wd_mult = 0.0 }
+        <BLANKLINE>
+    """
+    for key in recipe:
+        if key not in _TOP_LEVEL:
+            raise ValueError(f"`recipe`: unknown top-level key; got {key!r}; expected 'config' and 'overrides'")
+    if format == "yaml":
+        return _yaml_dump(dict(recipe))
+    if format != "toml":
+        raise ValueError(f"`format`: unknown recipe format; got {format!r}; expected 'toml' or 'yaml'")
+    sections: list[list[str]] = []
+    overrides = recipe.get("overrides")
+    if overrides is not None and not overrides:
+        sections.append(["overrides = []"])  # a top-level key must come before the first table
+    if "config" in recipe:
+        config = recipe["config"]
+        sections.append(["[config]", *(f"{_toml_key(k)} = {_toml_value(f'config.{k}', v)}" for k, v in config.items())])
+    for index, entry in enumerate(overrides or []):
+        where = f"overrides[{index}]"
+        sections.append(["[[overrides]]", *(f"{_toml_key(k)} = {_toml_value(f'{where}.{k}', v)}" for k, v in entry.items())])
+    return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
+
+
+def _toml_value(where: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, str):
+        # JSON's escapes are valid in TOML basic strings; ensure_ascii=False avoids surrogate pairs.
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(f"{where}[{i}]", v) for i, v in enumerate(value)) + "]"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{_toml_key(k)} = {_toml_value(f'{where}.{k}', v)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    raise ValueError(
+        f"`{where}`: TOML cannot hold this value; got {value!r} ({type(value).__name__}); "
+        "expected a bool, number, string, list or table"
+    )
+
+
+# ---- YAML (optional) ----------------------------------------------------------------------
+
+
+def _no_yaml(where: str) -> ImportError:
+    return ImportError(
+        f"`{where}`: YAML needs PyYAML; got no module named 'yaml'; expected `pip install pyyaml`, or a TOML file"
+    )
+
+
+def _yaml_load(text: str, where: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise _no_yaml(where) from None
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader that also reads ``3e-4`` as a float, as YAML 1.2 does: PyYAML follows YAML
+        1.1, where a float needs a dot, so ``lr: 3e-4`` would be a string and a type error."""
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+    )
+    try:
+        return yaml.load(text, Loader=Loader)
+    except yaml.YAMLError as error:
+        raise ValueError(f"`{where}`: invalid YAML; got {' '.join(str(error).split())}; expected a YAML mapping") from None
+
+
+def _yaml_dump(document: dict[str, Any]) -> str:
+    try:
+        import yaml
+    except ImportError:
+        raise _no_yaml("recipe") from None
+    text: str = yaml.safe_dump(document, sort_keys=False)
+    return text
+
+
+# ---- files and shipped recipes ------------------------------------------------------------
+
+
+def _recipe_dir() -> Any:
+    return resources.files("optzoo").joinpath("recipes")
+
+
+def shipped_recipes() -> dict[str, str]:
+    """The recipes shipped with optzoo: ``{name: one-line description}``, sorted by name.
+
+    Example:
+        >>> sorted(shipped_recipes())
+        ['adamw-no-decay-norms', 'lion-llm', 'muon-llm']
+    """
+    found = {}
+    for entry in _recipe_dir().iterdir():
+        if entry.name.endswith(".toml"):
+            first = entry.read_text().splitlines()[0]
+            found[entry.name.removesuffix(".toml")] = first.lstrip("#").strip()
+    return dict(sorted(found.items()))
+
+
+def load_recipe(name: str) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValue] | None]:
+    """``(config, config_overrides)`` of a shipped recipe (:func:`shipped_recipes`).
+
+    Raises:
+        ValueError: Unknown name; the message lists the shipped recipes.
+
+    Example:
+        >>> config, overrides = load_recipe("muon-llm")
+        >>> [key.describe() for key in overrides]
+        ["predicate='is_muon_matrix', exclude=(with_name_predicate='is_embedding_or_output')", "predicate='is_1d'"]
+    """
+    shipped = shipped_recipes()
+    if name not in shipped:
+        raise ValueError(f"`recipe`: unknown recipe; got {name!r}; expected one of {list(shipped)}")
+    return parse_recipe(_recipe_dir().joinpath(f"{name}.toml").read_text(), where=f"recipe {name}")
 
 
 def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValue] | None]:
-    """Load ``(config, config_overrides)`` from a ``.toml`` or ``.py`` file.
+    """Load ``(config, config_overrides)`` from a ``.py``, ``.yaml``/``.yml`` or TOML file, or a
+    shipped recipe named ``path`` when no such file exists.
 
     Raises:
-        FileNotFoundError: No such file.
-        ValueError: Bad TOML, unknown fields or keys, or a Python file without ``config``.
+        FileNotFoundError: No such file (nor shipped recipe).
+        ValueError: Bad TOML or YAML, unknown fields or keys, or a Python file without ``config``.
+        ImportError: A YAML file without PyYAML installed.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"`--config`: no such file; got {str(path)!r}; expected a .toml or .py file")
+        name = str(path)
+        if name in shipped_recipes():
+            return load_recipe(name)
+        if not path.suffix and "/" not in name and "\\" not in name:
+            raise FileNotFoundError(
+                f"`--config`: no such file or shipped recipe; got {name!r}; expected a .toml, .yaml or .py "
+                f"file, or one of {list(shipped_recipes())}"
+            )
+        raise FileNotFoundError(f"`--config`: no such file; got {name!r}; expected a .toml or .py file")
     if path.suffix == ".py":
         try:
             namespace = runpy.run_path(str(path))
@@ -112,14 +346,4 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
             )
         overrides = namespace.get("config_overrides")
         return config, None if overrides is None else dict(overrides)
-    try:
-        document = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ValueError(f"`{path}`: invalid TOML; got {error}; expected a TOML document") from None
-    for key in document:
-        if key not in ("config", "overrides"):
-            raise ValueError(f"`{path}`: unknown top-level key; got {key!r}; expected 'config' and 'overrides'")
-    config = config_from_mapping(document.get("config", {}))
-    if "overrides" not in document:
-        return config, None
-    return config, overrides_from_list(document["overrides"])
+    return parse_recipe(path.read_text(), "yaml" if path.suffix in _YAML_SUFFIXES else "toml", where=str(path))

@@ -156,15 +156,23 @@ BUILTIN_MODELS: dict[str, Callable[[], nn.Module]] = {
 
 
 def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module | list[nn.Module]:
-    """Build a built-in model by name, or call ``package.module:callable``.
+    """Build a built-in model by name, a Hugging Face model (``hf:...``), or call ``package.module:callable``.
 
     The model is built under ``device`` (``meta`` by default: shapes without memory).
+    ``hf:LlamaConfig`` (a ``transformers`` config class, tiny sizes) or ``hf:path/to/config.json``
+    builds a randomly initialised, tagged causal LM with :func:`optzoo.hf.build_hf_model`.
 
     Raises:
         ValueError: Unknown built-in name or a malformed spec.
-        ImportError: The module in ``package.module:callable`` cannot be imported.
+        ImportError: The module in ``package.module:callable`` cannot be imported, or
+            ``transformers`` is missing for ``hf:``.
         TypeError: The callable does not return a module or a list of modules.
     """
+    if spec.startswith("hf:"):
+        from optzoo.hf import build_hf_model  # transformers is optional: import it only when asked
+
+        with torch.device(device):
+            return build_hf_model(spec.removeprefix("hf:"))
     if spec in BUILTIN_MODELS:
         factory = BUILTIN_MODELS[spec]
     elif ":" in spec:

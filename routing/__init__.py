@@ -12,6 +12,20 @@ The rules, in three sentences:
 """
 
 from routing.keys import ParamKey, ParamPredicate, ParamWithNamePredicate
+from routing.predicates import (
+    PredicateSpec,
+    get_predicate,
+    predicate_spec,
+    register_predicate,
+    registered_predicates,
+    unregister_predicate,
+)
+from routing.recipes import (
+    key_from_entry,
+    key_to_entry,
+    overrides_from_entries,
+    overrides_to_entries,
+)
 from routing.resolve import (
     Override,
     ParamGroupSpec,
@@ -29,10 +43,20 @@ __all__ = [
     "ParamKey",
     "ParamPredicate",
     "ParamWithNamePredicate",
+    "PredicateSpec",
     "RoutedParam",
     "Routing",
     "RoutingConflictError",
+    "get_predicate",
+    "key_from_entry",
+    "key_to_entry",
     "named_trainable_parameters",
+    "overrides_from_entries",
+    "overrides_to_entries",
+    "predicate_spec",
+    "register_predicate",
+    "registered_predicates",
     "resolve_param_groups",
     "standard_overrides",
+    "unregister_predicate",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -70,6 +70,11 @@ class ParamKey:
     Each field takes one value or a tuple. A parameter matches when ANY entry of ANY field
     matches (OR everywhere), as in Megatron-Core; ``ParamKey()`` matches nothing.
 
+    ``exclude`` (an optzoo extension, default ``None``: Megatron-Core's behaviour) is a second
+    key whose matches are taken out: a parameter matches when it matches ANY include field and
+    the ``exclude`` key does not match it. A tensor with several names (tied) is included when
+    any of its names is, and excluded when any of its names is (:meth:`matches_any`).
+
     Example:
         >>> key = ParamKey(name="*.bias", attr="is_embedding_or_output_parameter")
         >>> key.matches(torch.nn.Parameter(torch.empty(3)), "decoder.layers.0.mlp.linear_fc1.bias")
@@ -78,6 +83,13 @@ class ParamKey:
         False
         >>> key.describe()
         "name='*.bias', attr='is_embedding_or_output_parameter'"
+        >>> hidden = ParamKey(name="*.weight", exclude=ParamKey(attr="is_embedding_or_output_parameter"))
+        >>> output = torch.nn.Parameter(torch.empty(3, 3))
+        >>> output.is_embedding_or_output_parameter = True
+        >>> hidden.matches(output, "output_layer.weight")
+        False
+        >>> hidden.describe()
+        "name='*.weight', exclude=(attr='is_embedding_or_output_parameter')"
     """
 
     name: str | tuple[str, ...] = ()
@@ -88,6 +100,9 @@ class ParamKey:
     """Predicate(s) on the parameter."""
     with_name_predicate: ParamWithNamePredicate | tuple[ParamWithNamePredicate, ...] = ()
     """Predicate(s) on the parameter and its name."""
+    exclude: ParamKey | None = None
+    """Parameters this key leaves out even when an include field matches them; ``None``: none.
+    Itself a key with at least one field set and no ``exclude`` of its own."""
 
     def __post_init__(self) -> None:
         for field_name, expected in (
@@ -103,6 +118,22 @@ class ParamKey:
                         f"got {entry!r} ({type(entry).__name__}); "
                         f"expected a {expected.__name__} or a tuple of them"
                     )
+        if self.exclude is not None:
+            if not isinstance(self.exclude, ParamKey):
+                raise TypeError(
+                    f"`ParamKey.exclude`: must be a ParamKey or None; got {self.exclude!r} "
+                    f"({type(self.exclude).__name__}); expected e.g. ParamKey(attr='is_embedding_or_output_parameter')"
+                )
+            if self.exclude.exclude is not None:
+                raise ValueError(
+                    f"`ParamKey.exclude`: must not have an exclude of its own; got {self.exclude.describe()}; "
+                    "expected a key with name, attr, predicate or with_name_predicate only"
+                )
+            if not self.exclude._has_include():
+                raise ValueError(
+                    "`ParamKey.exclude`: excludes nothing; got ParamKey(); "
+                    "expected a key with at least one field set, or exclude=None"
+                )
         # Matching runs (parameters x keys) times: normalise once, and fold all globs into
         # one regex (the same translation fnmatch uses) instead of one fnmatch call per glob.
         names = _as_tuple(self.name)
@@ -112,8 +143,24 @@ class ParamKey:
         object.__setattr__(self, "_predicates", _as_tuple(self.predicate))
         object.__setattr__(self, "_name_predicates", _as_tuple(self.with_name_predicate))
 
+    def _has_include(self) -> bool:
+        return any(_as_tuple(getattr(self, f)) for f in _INCLUDE_FIELDS)
+
     def matches(self, param: torch.Tensor, param_name: str) -> bool:
         """Whether ``param``, known as ``param_name``, is selected by this key."""
+        if not self._includes(param, param_name):
+            return False
+        return self.exclude is None or not self.exclude._includes(param, param_name)
+
+    def matches_any(self, param: torch.Tensor, param_names: Sequence[str]) -> bool:
+        """Whether a tensor known by several names (tied) is selected: some name is included
+        and no name is excluded. With one name this is :meth:`matches`."""
+        if not any(self._includes(param, name) for name in param_names):
+            return False
+        return self.exclude is None or not any(self.exclude._includes(param, name) for name in param_names)
+
+    def _includes(self, param: torch.Tensor, param_name: str) -> bool:
+        """The include fields alone (OR over every entry), ignoring ``exclude``."""
         pattern: re.Pattern[str] | None = self._name_pattern  # type: ignore[attr-defined]
         if pattern is not None and pattern.match(param_name):
             return True
@@ -131,11 +178,17 @@ class ParamKey:
     def describe(self) -> str:
         """A short, stable description listing only the fields that are set."""
         parts = []
-        for field_name in ("name", "attr", "predicate", "with_name_predicate"):
+        for field_name in _INCLUDE_FIELDS:
             entries = _as_tuple(getattr(self, field_name))
             if not entries:
                 continue
             shown = [e if isinstance(e, str) else e.name for e in entries]
             value = repr(shown[0]) if len(shown) == 1 else repr(tuple(shown))
             parts.append(f"{field_name}={value}")
+        if self.exclude is not None:
+            parts.append(f"exclude=({self.exclude.describe()})")
         return ", ".join(parts) if parts else "<empty>"
+
+
+_INCLUDE_FIELDS = ("name", "attr", "predicate", "with_name_predicate")
+"""The ``ParamKey`` fields that select parameters (everything but ``exclude``)."""

@@ -209,13 +209,8 @@ def resolve_param_groups(
     group_of_match: dict[tuple[int, ...], int] = {}
     indexed_keys = list(enumerate(keys))
     for param, names, name_chunks in named_trainable_parameters(chunks):
-        matched_list = []
-        for index, key in indexed_keys:
-            for name in names:
-                if key.matches(param, name):
-                    matched_list.append(index)
-                    break
-        matched = tuple(matched_list)
+        # A tied tensor is one parameter: included under any name, excluded under any name.
+        matched = tuple(index for index, key in indexed_keys if key.matches_any(param, names))
         for index in matched:
             hits[index] += 1
         if matched not in group_of_match:

@@ -4,19 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from routing.keys import ParamKey, ParamPredicate, ParamWithNamePredicate
-
-
-def _is_1d(param: torch.Tensor) -> bool:
-    return param.ndim == 1
-
-
-def _is_1d_or_bias_not_qk_layernorm(param: torch.Tensor, name: str) -> bool:
-    return (param.ndim == 1 or name.endswith(".bias")) and not (
-        "q_layernorm." in name or "k_layernorm." in name
-    )
+from routing.predicates import get_predicate
 
 
 def standard_overrides(
@@ -38,14 +27,15 @@ def standard_overrides(
         ["name='*.bias', predicate='is_1d'", "attr='is_embedding_or_output_parameter'"]
     """
     overrides: dict[ParamKey, dict[str, Any]] = {}
+    # The registered predicates (routing.predicates), so these keys can be written to a recipe.
     if apply_wd_to_qk_layernorm:
-        no_decay = ParamKey(
-            with_name_predicate=ParamWithNamePredicate(
-                name="is_1d_or_bias_not_qk_layernorm", fn=_is_1d_or_bias_not_qk_layernorm
-            )
-        )
+        not_qk_norm = get_predicate("is_1d_or_bias_not_qk_layernorm")
+        assert isinstance(not_qk_norm, ParamWithNamePredicate)
+        no_decay = ParamKey(with_name_predicate=not_qk_norm)
     else:
-        no_decay = ParamKey(name="*.bias", predicate=ParamPredicate(name="is_1d", fn=_is_1d))
+        is_1d = get_predicate("is_1d")
+        assert isinstance(is_1d, ParamPredicate)
+        no_decay = ParamKey(name="*.bias", predicate=is_1d)
     overrides[no_decay] = {"wd_mult": 0.0}
     if decoupled_lr is not None:
         decoupled: dict[str, Any] = {"max_lr": decoupled_lr}

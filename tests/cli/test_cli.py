@@ -629,7 +629,7 @@ BAD_CONFIGS = [
         [[overrides]]
         names = "*.bias"
         set = { wd_mult = 0.0 }
-    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'set']"),
+    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'predicate', 'with_name_predicate', 'exclude_name', 'exclude_attr', 'exclude_predicate', 'exclude_with_name_predicate', 'set']"),
                  id="unknown-key-in-an-overrides-table"),
     pytest.param("conflict.toml", """
         [config]

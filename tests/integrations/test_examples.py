@@ -1,0 +1,41 @@
+"""The framework examples train: ``examples/hf_trainer.py`` (transformers.Trainer) and
+``examples/lightning_example.py`` (Lightning's automatic optimization), 3 steps on CPU each."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_example(script: str) -> str:
+    command = [sys.executable, f"examples/{script}", "--max-steps", "3"]
+    done = subprocess.run(command, check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def logged_losses(out: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in re.findall(r"^step (\d+): loss (\S+)", out, re.MULTILINE)}
+
+
+@pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_example.py"])
+def test_example_trains_three_steps_with_muon_and_adamw(script: str) -> None:
+    pytest.importorskip("transformers" if script == "hf_trainer.py" else "lightning")
+    out = run_example(script)
+    groups = re.findall(r"^ *(muon|adam) lr=\S+ wd=\S+: \d+ params$", out, re.MULTILINE)
+    assert groups[0] == "muon" and "adam" in groups, out
+    losses = logged_losses(out)
+    assert list(losses) == [1, 2, 3], out
+    assert all(math.isfinite(loss) for loss in losses.values()), out
+    assert abs(losses[1] - math.log(256)) < 0.5, out  # an untrained byte model: about uniform
+    assert losses[3] < losses[1], out  # seeded: the optimizer did step
+    assert re.search(r"^final loss \S+ after 3 steps$", out, re.MULTILINE), out
