@@ -249,3 +249,52 @@ def test_cli_dumps_muon_groups_from_a_config_file(capsys: pytest.CaptureFixture[
         ("adam", 0.1, ["transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"]),
         ("adam", 0.0, GPT2_NORMS_AND_BIASES),
     ]
+
+
+# ---- shipped recipes on Hugging Face models -------------------------------------------------
+
+
+def routed(model: nn.Module, recipe: str) -> dict[tuple[str, float], set[str]]:
+    """``{(optimizer, weight_decay): names}`` under a shipped recipe."""
+    from optzoo import load_recipe
+
+    config, overrides = load_recipe(recipe)
+    table: dict[tuple[str, float], set[str]] = {}
+    for group in get_optimizer(config, model, overrides).param_groups:
+        table.setdefault((group["optimizer"], group["weight_decay"]), set()).update(group["param_names"])
+    return table
+
+
+def test_recipe_muon_llm_on_llama_and_gpt2(llama: nn.Module, gpt2: nn.Module) -> None:
+    assert routed(llama, "muon-llm") == {
+        ("muon", 0.1): set(LLAMA_MATRICES),
+        ("adam", 0.1): set(LLAMA_ENDS),
+        ("adam", 0.0): set(LLAMA_NORMS),
+    }
+    assert routed(gpt2, "muon-llm") == {
+        ("muon", 0.1): set(GPT2_MATRICES),
+        ("adam", 0.1): set(GPT2_EMBEDDINGS),  # the tied head is wte: once
+        ("adam", 0.0): set(GPT2_NORMS_AND_BIASES),
+    }
+
+
+def test_recipe_adamw_no_decay_norms_on_llama_and_gpt2(llama: nn.Module, gpt2: nn.Module) -> None:
+    assert routed(llama, "adamw-no-decay-norms") == {
+        ("adam", 0.1): {*LLAMA_MATRICES, *LLAMA_ENDS},
+        ("adam", 0.0): set(LLAMA_NORMS),
+    }
+    assert routed(gpt2, "adamw-no-decay-norms") == {
+        ("adam", 0.1): {*GPT2_MATRICES, *GPT2_EMBEDDINGS},
+        ("adam", 0.0): set(GPT2_NORMS_AND_BIASES),
+    }
+
+
+def test_recipe_lion_llm_on_llama_and_gpt2(llama: nn.Module, gpt2: nn.Module) -> None:
+    assert routed(llama, "lion-llm") == {
+        ("lion", 1.0): {*LLAMA_MATRICES, *LLAMA_ENDS},
+        ("lion", 0.0): set(LLAMA_NORMS),
+    }
+    assert routed(gpt2, "lion-llm") == {
+        ("lion", 1.0): {*GPT2_MATRICES, *GPT2_EMBEDDINGS},
+        ("lion", 0.0): set(GPT2_NORMS_AND_BIASES),
+    }
