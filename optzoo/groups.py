@@ -98,11 +98,15 @@ class ResolvedGroup:
     weight_decay: float
     """Effective weight decay: the group's ``weight_decay`` times ``wd_mult``."""
     wd_mult: float
-    start_wd: float
-    end_wd: float
     params: tuple[RoutedParam, ...]
     param_names: tuple[str, ...]
     """Unique names (chunk-qualified when there are several chunks), parallel to ``params``."""
+    start_wd: float | None = None
+    """Start of a scheduler's weight-decay ramp for this group: the override's ``start_wd``, else
+    its ``weight_decay`` when it sets one; ``None`` (no such override, as in Megatron-Core): the
+    scheduler's own ``start_wd`` applies."""
+    end_wd: float | None = None
+    """End of the ramp, as ``start_wd``: the override's ``end_wd``, else its ``weight_decay``."""
     auto_routed: str | None = None
     """Why these params were moved to a fallback optimizer (e.g. Muon's scalar optimizer)."""
 
@@ -119,7 +123,7 @@ class ResolvedGroup:
         """
         spec = get_spec(self.optimizer)
         values = {name: getattr(self.config, name) for name in spec.config_fields}
-        return {
+        group = {
             "params": params if params is not None else [routed.param for routed in self.params],
             "param_names": list(self.param_names),
             "lr": self.lr,
@@ -129,9 +133,13 @@ class ResolvedGroup:
             "max_lr": self.lr,
             "min_lr": self.min_lr,
             "wd_mult": self.wd_mult,
-            "start_wd": self.start_wd,
-            "end_wd": self.end_wd,
         }
+        # As in Megatron-Core, only a group whose override sets them carries start_wd/end_wd, so a
+        # scheduler's own range (e.g. a ramp 0.0 -> 0.1) reaches every other group.
+        for name in ("start_wd", "end_wd"):
+            if getattr(self, name) is not None:
+                group[name] = getattr(self, name)
+        return group
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly description: effective hyperparameters and the full resolved config."""
@@ -299,9 +307,21 @@ def _resolve_one(
         min_lr=override.get("min_lr", group_config.min_lr),
         weight_decay=group_config.weight_decay * wd_mult,
         wd_mult=wd_mult,
-        start_wd=float(override.get("start_wd", group_config.weight_decay)),
-        end_wd=float(override.get("end_wd", group_config.weight_decay)),
         params=params,
         param_names=tuple(qualified_names(p, num_chunks)[0] for p in params),
+        start_wd=_wd_bound(override, "start_wd"),
+        end_wd=_wd_bound(override, "end_wd"),
         auto_routed=auto_routed,
     )
+
+
+def _wd_bound(override: Mapping[str, Any], name: str) -> float | None:
+    """``start_wd``/``end_wd`` for the torch group: set by the override, or ``None`` for the scheduler's.
+
+    An override's ``weight_decay`` (an optzoo extension; Megatron-Core's overrides have none) fills
+    a bound it leaves unset, so a scheduler does not silently replace that group's weight decay.
+    """
+    value = override.get(name)
+    if value is None:
+        value = override.get("weight_decay")
+    return None if value is None else float(value)

@@ -12,13 +12,15 @@ over later (an unknown style, ``wd_incr_steps=0`` with a ramp, a negative ``incr
 rejected up front; ``load_state_dict`` checks every key before it changes anything, applies the
 checkpoint's weight-decay values before it re-computes the groups (Megatron applies them one
 step late), and restores ``num_steps`` instead of adding it to the current count.
+
+optzoo additions, for torch-style callers (HF Trainer, Lightning): ``step()`` defaults to
+``increment=1``, and ``get_last_lr()`` returns each group's lr as of the last step.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -200,11 +202,14 @@ class OptimizerParamScheduler:
     * group['wd_mult']``. A key the group lacks (a plain torch optimizer), or holds as ``None``,
     means the scheduler's value (``wd_mult``: 1.0). ``init_lr`` and the step counts are shared.
 
-    Groups built by :func:`optzoo.get_optimizer` always carry ``max_lr`` and ``start_wd``/``end_wd``
-    (defaulting to the group's ``weight_decay``), so for them, as in Megatron-Core, the scheduler's
-    ``max_lr``, ``start_wd`` and ``end_wd`` are fallbacks: set a schedule's peak and wd ramp in
-    the ``OptimizerConfig``/overrides too. A ``UserWarning`` says so when the scheduler's
-    ``start_wd``/``end_wd`` reach no group at all.
+    As in Megatron-Core, groups built by :func:`optzoo.get_optimizer` always carry ``max_lr``
+    (the group's effective ``lr``), so the scheduler's ``max_lr`` is a fallback for them, while
+    they carry ``start_wd``/``end_wd`` only where an override sets them (or sets the group's
+    ``weight_decay``, which then stands for the one it leaves unset): the scheduler's
+    ``start_wd``/``end_wd``, times ``wd_mult``, reach every other group.
+
+    optzoo additions: :meth:`step` defaults to ``increment=1`` and :meth:`get_last_lr` returns
+    each group's lr, as torch's ``LRScheduler`` does, for torch-style training loops.
 
     Args:
         optimizer: Any ``torch.optim.Optimizer``, e.g. the one ``get_optimizer`` returns (its
@@ -247,6 +252,8 @@ class OptimizerParamScheduler:
         ...     lrs.append(optimizer.param_groups[0]["lr"])
         >>> lrs
         [0.5, 1.0, 0.5, 0.0, 0.0]
+        >>> scheduler.get_last_lr()
+        [0.0]
     """
 
     def __init__(
@@ -292,27 +299,9 @@ class OptimizerParamScheduler:
         self.use_checkpoint_opt_param_scheduler = use_checkpoint_opt_param_scheduler
         self.override_opt_param_scheduler = override_opt_param_scheduler
         self.num_steps = 0
-        self._warn_if_wd_range_is_unused()
+        self._last_lr: list[float] = []
         self.step(0)
         logger.info("> learning rate decay style: %s", self.lr_decay_style)
-
-    def _warn_if_wd_range_is_unused(self) -> None:
-        """Megatron's rule (a group's own ``start_wd``/``end_wd`` win) can leave ours unread."""
-        groups = self.optimizer.param_groups
-        pairs = [(g.get("start_wd"), g.get("end_wd")) for g in groups]
-        if not groups or any(None in pair or pair == (self.start_wd, self.end_wd) for pair in pairs):
-            return
-        shown = ", ".join(f"{pair} on group #{i}" for i, pair in enumerate(pairs[:10]))
-        warnings.warn(
-            "`OptimizerParamScheduler.start_wd`/`end_wd`: unused, as every param group carries its "
-            f"own start_wd/end_wd, and those win (Megatron-Core's rule); got "
-            f"{(self.start_wd, self.end_wd)} on the scheduler and {shown}"
-            f"{f' (+{len(pairs) - 10} more)' if len(pairs) > 10 else ''}; expected the scheduler's "
-            "values on some group: set start_wd/end_wd in config_overrides (optzoo defaults both "
-            "to the group's weight_decay), e.g. {ParamKey(name='*'): {'start_wd': ..., 'end_wd': ...}}",
-            UserWarning,
-            stacklevel=3,
-        )
 
     def get_wd(self, param_group: Mapping[str, Any] | None = None) -> float:
         """Weight decay at the current step, before ``wd_mult``; a group's own range wins.
@@ -349,10 +338,18 @@ class OptimizerParamScheduler:
             lr_wsd_decay_style=self.lr_wsd_decay_style,
         )
 
-    def step(self, increment: int) -> None:
+    def step(self, increment: int = 1) -> None:
         """Advance ``increment`` steps and set every group's ``lr`` and ``weight_decay``.
 
         Empty groups are updated too, as in Megatron-Core (a rank may hold empty groups).
+
+        Args:
+            increment: Steps to advance, >= 0. Megatron-Core requires it (its training loop passes
+                1); the default of 1 is an optzoo addition, so that torch-style callers (HF
+                Trainer, Lightning) can call ``scheduler.step()``.
+
+        Raises:
+            ValueError: ``increment < 0``.
         """
         if increment < 0:
             raise _fail("step", "increment must be >= 0", repr(increment), "an int >= 0")
@@ -360,6 +357,15 @@ class OptimizerParamScheduler:
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = self.get_lr(param_group)
             param_group["weight_decay"] = self.get_wd(param_group) * param_group.get("wd_mult", 1.0)
+        self._last_lr = [param_group["lr"] for param_group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        """Each group's lr as set by the last :meth:`step` (or the constructor), in group order.
+
+        An optzoo addition (Megatron-Core has none), with the meaning of torch's
+        ``LRScheduler.get_last_lr``, for loggers and trainers that call it.
+        """
+        return list(self._last_lr)
 
     def state_dict(self) -> dict[str, Any]:
         """Megatron-Core's keys (:data:`STATE_KEYS`); ``init_lr`` and WSD settings are not saved."""

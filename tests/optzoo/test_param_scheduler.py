@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from typing import Any
 
 import pytest
@@ -151,7 +152,7 @@ def test_on_get_optimizer_each_group_follows_its_own_max_lr_min_lr_wd_mult_and_w
     optimizer = get_optimizer(config, model, overrides)
     sched = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=0.5, min_lr=0.0625, lr_warmup_steps=2, lr_decay_steps=10,
-        lr_decay_style="linear", start_wd=0.125, end_wd=0.125, wd_incr_steps=8, wd_incr_style="linear",
+        lr_decay_style="linear", start_wd=0.125, end_wd=0.25, wd_incr_steps=8, wd_incr_style="linear",
     )  # fmt: skip
     first = {name: index for index, g in enumerate(optimizer.param_groups) for name in g["param_names"]}
     default = first["decoder.layers.0.self_attention.linear_qkv.weight"]
@@ -159,22 +160,24 @@ def test_on_get_optimizer_each_group_follows_its_own_max_lr_min_lr_wd_mult_and_w
     assert first["embedding.word_embeddings.weight"] == decoupled
     biases = first["decoder.layers.0.self_attention.linear_qkv.bias"]
     ramped = first["decoder.layers.0.mlp.linear_fc1.weight"]
-    # step: (default lr, decoupled lr, ramped group's wd): warmup 0 -> 2, linear decay 2 -> 10
+    # step: (default lr, decoupled lr, scheduler's wd, ramped group's wd): warmup 0 -> 2, linear
+    # decay 2 -> 10; the scheduler's wd ramp 0.125 -> 0.25 and the ramped group's 0 -> 0.5 over 8.
     expected = {
-        0: (0.0, 0.0, 0.0),
-        1: (0.25, 0.125, 0.0625),
-        2: (0.5, 0.25, 0.125),
-        6: (0.0625 + 0.5 * 0.4375, 0.03125 + 0.5 * 0.21875, 0.375),
-        10: (0.0625, 0.03125, 0.5),
-        11: (0.0625, 0.03125, 0.5),
+        0: (0.0, 0.0, 0.125, 0.0),
+        1: (0.25, 0.125, 0.140625, 0.0625),
+        2: (0.5, 0.25, 0.15625, 0.125),
+        6: (0.0625 + 0.5 * 0.4375, 0.03125 + 0.5 * 0.21875, 0.21875, 0.375),
+        10: (0.0625, 0.03125, 0.25, 0.5),
+        11: (0.0625, 0.03125, 0.25, 0.5),
     }
     generator = torch.Generator().manual_seed(0)
     for step in range(12):
         if step in expected:
-            lr, decoupled_lr, ramped_wd = expected[step]
+            lr, decoupled_lr, wd, ramped_wd = expected[step]
             groups = optimizer.param_groups
             assert [groups[i]["lr"] for i in (default, decoupled, biases, ramped)] == [lr, decoupled_lr, lr, lr]
-            assert [groups[i]["weight_decay"] for i in (default, decoupled, biases, ramped)] == [0.125, 0.125, 0.0, ramped_wd]
+            # biases: the scheduler's ramp times their wd_mult of 0
+            assert [groups[i]["weight_decay"] for i in (default, decoupled, biases, ramped)] == [wd, wd, 0.0, ramped_wd]
             inner = [g for opt in optimizer.optimizers for g in opt.param_groups]
             assert sorted(map(id, inner)) == sorted(map(id, groups))  # the inner optimizers' own dicts
         fill_grads(list(model.parameters()), generator)
@@ -195,9 +198,7 @@ def train(model: torch.nn.Module, optimizer: Any, sched: OptimizerParamScheduler
 
 def build(model: torch.nn.Module) -> tuple[Any, OptimizerParamScheduler]:
     config = OptimizerConfig(lr=1e-2, min_lr=1e-3, decoupled_lr=3e-3, weight_decay=0.1)
-    everything = ParamKey(name="*")  # the recipe for a wd ramp on optzoo's groups
-    overrides = {**get_standard_config_overrides(config), everything: {"start_wd": 0.0, "end_wd": 0.1}}
-    optimizer = get_optimizer(config, model, overrides)
+    optimizer = get_optimizer(config, model)  # the standard overrides; the scheduler's wd ramp
     sched = OptimizerParamScheduler(
         optimizer, init_lr=1e-4, max_lr=1e-2, min_lr=1e-3, lr_warmup_steps=3, lr_decay_steps=15,
         lr_decay_style="cosine", start_wd=0.0, end_wd=0.1, wd_incr_steps=12, wd_incr_style="cosine",
@@ -380,15 +381,62 @@ def test_wsd_settings_are_ignored_by_other_styles_as_in_megatron() -> None:
     assert sched.optimizer.param_groups[0]["lr"] == 0.5625
 
 
-def test_a_wd_range_that_reaches_no_optzoo_group_warns_once() -> None:
-    optimizer = get_optimizer(OptimizerConfig(lr=1.0, weight_decay=0.1), tiny_gpt(), None)
-    pattern = (
-        r"^`OptimizerParamScheduler.start_wd`/`end_wd`: unused, as every param group carries its own "
-        r"start_wd/end_wd, and those win \(Megatron-Core's rule\); got \(0.0, 0.5\) on the scheduler and "
-        r"\(0.1, 0.1\) on group #0, \(0.1, 0.1\) on group #1; expected .*\{ParamKey\(name='\*'\)"
-    )
-    with pytest.warns(UserWarning, match=pattern) as record:
+def test_groups_carry_start_wd_and_end_wd_only_where_an_override_sets_them() -> None:
+    config = OptimizerConfig(lr=1.0, weight_decay=0.1)
+    overrides = {
+        **get_standard_config_overrides(config),
+        ParamKey(name="*.linear_qkv.weight"): {"start_wd": 0.0, "end_wd": 0.5},
+        ParamKey(name="*.linear_proj.weight"): {"end_wd": 0.5},
+        ParamKey(name="*.linear_fc1.weight"): {"weight_decay": 0.25},
+        ParamKey(name="*.linear_fc2.weight"): {"weight_decay": 0.25, "end_wd": 0.5},
+    }
+    optimizer = get_optimizer(config, tiny_gpt(), overrides)
+    ranges = {
+        g["param_names"][0].split(".")[-2]: (g.get("start_wd", "-"), g.get("end_wd", "-"))
+        for g in optimizer.param_groups
+        if g["param_names"][0].startswith("decoder.layers.0.")
+    }
+    assert ranges == {
+        "linear_qkv": (0.0, 0.5),
+        "linear_proj": ("-", 0.5),
+        "linear_fc1": (0.25, 0.25),  # the override's weight_decay stands for both
+        "linear_fc2": (0.25, 0.5),
+        "input_layernorm": ("-", "-"),  # the first 1-D param: the standard no-wd group
+    }
+
+
+def test_a_negative_start_wd_or_end_wd_override_is_a_value_error() -> None:
+    for name in ("start_wd", "end_wd"):
+        with pytest.raises(ValueError, match=rf"^`param group #1 \(rules #0 name='\*.bias'\)`: `{name}` must be a float >= 0; got -0.1; expected e.g. 0.0$"):
+            get_optimizer(OptimizerConfig(lr=1.0), tiny_gpt(), {ParamKey(name="*.bias"): {name: -0.1}})
+
+
+def test_the_scheduler_s_wd_ramp_reaches_groups_without_an_override_times_wd_mult() -> None:
+    config = OptimizerConfig(lr=1.0, weight_decay=0.1)
+    overrides = {**get_standard_config_overrides(config), ParamKey(name="output_layer.weight"): {"weight_decay": 0.25}}
+    optimizer = get_optimizer(config, tiny_gpt(), overrides)
+    assert not any("start_wd" in g or "end_wd" in g for g in optimizer.param_groups[:2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: the scheduler's range is used
         sched = scheduler(optimizer, start_wd=0.0, end_wd=0.5, wd_incr_style="linear")
-    sched.step(8)
-    assert len(record) == 1
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]  # the groups' own values
+    # groups: default (wd_mult 1), no-wd 1-D params (wd_mult 0), output layer (its own 0.25)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, 0.0, 0.25]
+    sched.step(2)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.125, 0.0, 0.25]
+    sched.step(6)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.5, 0.0, 0.25]
+
+
+def test_step_defaults_to_one_and_get_last_lr_returns_each_group_s_lr() -> None:
+    optimizer = sgd({}, {"max_lr": 2.0})
+    sched = scheduler(optimizer)
+    assert sched.get_last_lr() == [0.0, 0.0]
+    sched.step()
+    sched.step()
+    assert sched.num_steps == 2
+    assert sched.get_last_lr() == [0.5, 1.0] == [g["lr"] for g in optimizer.param_groups]
+    sched.get_last_lr().append(9.0)  # a copy: the caller cannot change the scheduler's record
+    optimizer.param_groups[0]["lr"] = 7.0  # as torch's: the values the scheduler set
+    assert sched.get_last_lr() == [0.5, 1.0]
+    sched.load_state_dict(saved(8))
+    assert sched.get_last_lr() == [0.5625, 0.125 + 0.5 * 1.875]
