@@ -1,15 +1,17 @@
-"""The ``optzoo`` command line: ``list``, ``dump-param-groups`` and ``demo``."""
+"""The ``optzoo`` command line: ``list``, ``dump-param-groups``, ``demo`` and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 import sys
 import tomllib
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from tabulate import tabulate
@@ -223,6 +225,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    # The suite is the repository's benchmarks/compare.py: the wheel does not ship benchmarks/, and
+    # optzoo must not depend on it. An editable install maps only the three packages, so look for
+    # the checkout next to this package (or in the working directory) and import the suite from it.
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "benchmarks" / "compare.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            break
+    try:
+        compare = importlib.import_module("benchmarks.compare")
+    except ModuleNotFoundError as error:
+        if error.name not in ("benchmarks", "benchmarks.compare"):
+            raise
+        raise ImportError(
+            "`optzoo bench`: the suite is benchmarks/compare.py of the source repository, which the installed "
+            f"package does not ship; got no module {error.name!r}; expected optzoo installed from a checkout "
+            "(`pip install -e .`) or the checkout's root as the working directory"
+        ) from None
+    compare.run_suite(device=args.device, out=args.out, quick=args.quick)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="optzoo", description="A zoo of PyTorch optimizers with parameter-group routing.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -253,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train the built-in GPT on the standard library's source")
     demo.add_argument("--steps", type=int, default=120)
     demo.set_defaults(run=_cmd_demo)
+
+    bench = commands.add_parser(
+        "bench", help="the comparison suite: step time, Newton-Schulz, memory, convergence; tables, JSON and PNG plots"
+    )
+    bench.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
+    bench.add_argument("--out", help="folder for results.json and the plots (default: benchmarks/results/)")
+    bench.add_argument("--quick", action="store_true", help="toy sizes: the whole pipeline in seconds, numbers meaningless")
+    bench.set_defaults(run=_cmd_bench)
     return parser
 
 
