@@ -150,6 +150,8 @@ def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode) ->
     """
     if world_size < 1:
         raise ValueError(f"`world_size`: must be at least 1; got {world_size}; expected an integer >= 1")
+    if mode not in ("layer_wise", "sharded"):
+        raise ValueError(f"`mode`: unknown value; got {mode!r}; expected 'layer_wise' or 'sharded'")
     entries = [
         (group, index, name, routed.param)
         for group in groups
@@ -498,11 +500,21 @@ def _dcp_items(optimizer: DistributedOptimizer) -> dict[str, Any]:
     return items
 
 
+def _check_distributed(optimizer: object, function: str) -> None:
+    if not isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(
+            f"`{function}`: needs a distributed optimizer; got {type(optimizer).__name__}; expected the "
+            "DistributedOptimizer get_optimizer returns with use_distributed_optimizer or "
+            "use_layer_wise_distributed_optimizer (a single process saves with state_dict())"
+        )
+
+
 def save_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
     """Save with ``torch.distributed.checkpoint``: each rank writes the shards it owns.
 
     A collective. Loads with any number of ranks (:func:`load_dcp`).
     """
+    _check_distributed(optimizer, "save_dcp")
     items = _dcp_items(optimizer)
     full = {k: v for k, v in MixedPrecisionOptimizer.state_dict(optimizer).items() if k not in ("state", "main_params")}
     groups = [dict(g, param_names=list(names)) for g, names in zip(full["param_groups"], optimizer.full_param_names)]
@@ -512,6 +524,7 @@ def save_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
 
 def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
     """Load a :func:`save_dcp` checkpoint saved with any number of ranks. A collective."""
+    _check_distributed(optimizer, "load_dcp")
     metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
     saved: dict[tuple[str, str, str | None], list[tuple[int, int, str]]] = {}
     for key in metadata:

@@ -156,6 +156,17 @@ def test_sharded_plan_splits_element_wise_params_evenly(world: int) -> None:
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, no overlap
 
 
+def test_bad_plan_mode_and_a_plain_optimizer_for_dcp_are_refused() -> None:
+    groups, _ = resolve_groups(OptimizerConfig(**ADAM), [build()], None)
+    with pytest.raises(ValueError, match=r"^`mode`: unknown value; got 'zero'; expected 'layer_wise' or 'sharded'$"):
+        plan_shards(groups, 2, "zero")  # type: ignore[arg-type]
+    plain = get_optimizer(OptimizerConfig(**ADAM), build())
+    with pytest.raises(TypeError, match=r"^`save_dcp`: needs a distributed optimizer; got FP32Optimizer; "):
+        save_dcp(plain, "unused")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^`load_dcp`: needs a distributed optimizer; got FP32Optimizer; "):
+        load_dcp(plain, "unused")  # type: ignore[arg-type]
+
+
 def test_without_an_initialised_process_group_the_flags_fail_fast() -> None:
     for flag in ("use_distributed_optimizer", "use_layer_wise_distributed_optimizer"):
         with pytest.raises(ValueError) as error:

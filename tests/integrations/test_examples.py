@@ -29,7 +29,6 @@ def logged_losses(out: str) -> dict[int, float]:
 
 @pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_example.py"])
 def test_example_trains_three_steps_with_muon_and_adamw(script: str) -> None:
-    pytest.importorskip("transformers" if script == "hf_trainer.py" else "lightning")
     out = run_example(script)
     groups = re.findall(r"^ *(muon|adam) lr=\S+ wd=\S+: \d+ params$", out, re.MULTILINE)
     assert groups[0] == "muon" and "adam" in groups, out

@@ -47,13 +47,7 @@ from routing import (
 from routing import predicates as predicates_module
 from tests.conftest import tiny_gpt
 
-try:
-    import yaml  # noqa: F401
-except ImportError:  # pragma: no cover - CI installs the test extra, which has PyYAML
-    HAVE_YAML = False
-else:
-    HAVE_YAML = True
-needs_yaml = pytest.mark.skipif(not HAVE_YAML, reason="PyYAML is not installed (pip install pyyaml)")
+import yaml  # the test extra has PyYAML: a missing one fails here rather than skipping YAML tests
 
 BUILTINS = [
     "is_1d", "is_2d_matrix", "is_bias", "is_norm", "is_qk_layernorm", "is_embedding_or_output",
@@ -368,8 +362,7 @@ def test_every_kind_of_key_round_trips_through_an_entry_toml_and_yaml(key: Param
     config, back = parse_recipe(dump_recipe(recipe))
     assert back == overrides and list(back) == list(overrides)
     assert config == OptimizerConfig()
-    if HAVE_YAML:
-        assert parse_recipe(dump_recipe(recipe, "yaml"), "yaml")[1] == overrides
+    assert parse_recipe(dump_recipe(recipe, "yaml"), "yaml")[1] == overrides
 
 
 def test_a_recipe_keeps_the_config_and_the_none_versus_empty_distinction() -> None:
@@ -522,20 +515,15 @@ def test_bad_recipes_raise_one_exact_error(text: str, message: str) -> None:
         parse_recipe(text)
 
 
-@needs_yaml
 @pytest.mark.parametrize(("text", "message"), BAD_RECIPES)
 def test_bad_recipes_in_yaml_raise_the_same_error(text: str, message: str) -> None:
     import tomllib
-
-    import yaml
 
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         parse_recipe(yaml.safe_dump(tomllib.loads(text)), "yaml")
 
 
 def test_invalid_yaml_and_a_yaml_document_that_is_not_a_mapping() -> None:
-    if not HAVE_YAML:
-        pytest.skip("PyYAML is not installed (pip install pyyaml)")
     with pytest.raises(ValueError, match=r"^`recipe`: invalid YAML; got while parsing a flow sequence .*line 1, column 10.*; expected a YAML mapping$"):
         parse_recipe("[unclosed", "yaml")
     with pytest.raises(ValueError, match=re.escape(
@@ -547,7 +535,6 @@ def test_invalid_yaml_and_a_yaml_document_that_is_not_a_mapping() -> None:
 # ---- YAML --------------------------------------------------------------------------------
 
 
-@needs_yaml
 def test_a_yaml_file_loads_like_the_same_toml(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text(
         "config:\n  lr: 3e-4\n  params_dtype: bfloat16\noverrides:\n"
