@@ -24,9 +24,9 @@ import torch
 from tabulate import tabulate
 
 from benchmarks._timing import round_robin_medians
-from optimizers import _emerging
-from optimizers.adaptive_muon import AdaptiveMuon
-from optimizers.muon import Muon
+from optzoo.optimizers import _emerging
+from optzoo.optimizers.adaptive_muon import AdaptiveMuon
+from optzoo.optimizers.muon import Muon
 
 SETTINGS = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.01, "fp32_matmul_prec": "highest"}
 

@@ -26,8 +26,8 @@ from tabulate import tabulate
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks._timing import round_robin_medians
-from optimizers import _emerging
-from optimizers.newton_schulz import MatmulPrecision, newton_schulz, newton_schulz_flops
+from optzoo.optimizers import _emerging
+from optzoo.optimizers.newton_schulz import MatmulPrecision, newton_schulz, newton_schulz_flops
 
 SHAPES: list[tuple[int, int, int]] = [(1, 512, 512), (1, 1024, 1024), (1, 2048, 2048), (1, 1024, 4096), (1, 4096, 1024), (8, 512, 512)]
 """(batch, rows, cols)."""

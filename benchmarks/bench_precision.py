@@ -16,7 +16,7 @@ import torch
 from tabulate import tabulate
 
 from benchmarks._timing import round_robin_medians
-from optimizers.registry import fused_supported
+from optzoo.optimizers.registry import fused_supported
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.models import GPT, GPTConfig
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch import nn
 
-from routing import (
+from optzoo.routing import (
     ParamKey,
     ParamPredicate,
     ParamWithNamePredicate,

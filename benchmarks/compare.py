@@ -40,13 +40,13 @@ from tqdm import tqdm
 
 from benchmarks import bench_newton_schulz as ns_bench
 from benchmarks._timing import round_robin_medians
-from optimizers import _emerging
-from optimizers.newton_schulz import (
+from optzoo.optimizers import _emerging
+from optzoo.optimizers.newton_schulz import (
     COEFFICIENT_SETS,
     newton_schulz,
     newton_schulz_flops,
 )
-from optimizers.registry import fused_supported
+from optzoo.optimizers.registry import fused_supported
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.bench import environment, require_matplotlib, tables, write_report
 from optzoo.demo import stdlib_bytes

@@ -17,7 +17,7 @@ import torch
 
 from benchmarks import compare
 from benchmarks.bench_precision import _bytes_per_param
-from optimizers.newton_schulz import COEFFICIENT_SETS
+from optzoo.optimizers.newton_schulz import COEFFICIENT_SETS
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.bench import PLOTS
 from optzoo.cli import main

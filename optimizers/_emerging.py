@@ -2,7 +2,7 @@
 
 We build on release 0.3.0 (pinned in pyproject.toml); later releases moved and removed modules,
 so keeping the imports in one place makes an upgrade one file's work. Imports are lazy so that
-``import optimizers`` stays cheap and a missing package fails only where it is needed.
+``import optzoo.optimizers`` stays cheap and a missing package fails only where it is needed.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def newton_schulz(x: torch.Tensor, *, steps: int, coefficient_type: str, eps: fl
 
 def muon(params: Any, **options: Any) -> torch.optim.Optimizer:
     """``emerging_optimizers.orthogonalized_optimizers.Muon`` with upstream's own argument names:
-    the reference for :class:`optimizers.muon.Muon` (tests and benchmarks only).
+    the reference for :class:`optzoo.optimizers.muon.Muon` (tests and benchmarks only).
 
     Its settings are instance-wide (group keys other than ``lr``, ``momentum`` and
     ``weight_decay`` are ignored), it takes float32 2-D params only, and it sets torch's float32
@@ -100,7 +100,7 @@ def muon(params: Any, **options: Any) -> torch.optim.Optimizer:
 
 def adaptive_muon(params: Any, **options: Any) -> torch.optim.Optimizer:
     """``emerging_optimizers.orthogonalized_optimizers.AdaptiveMuon`` (its second moment is
-    ``state["moment2_buffer"]``): the reference for :class:`optimizers.adaptive_muon.AdaptiveMuon`.
+    ``state["moment2_buffer"]``): the reference for :class:`optzoo.optimizers.adaptive_muon.AdaptiveMuon`.
 
     Upstream requires ``lr``, ``momentum`` and ``weight_decay``; the rest is as :func:`muon`.
     """

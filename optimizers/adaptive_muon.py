@@ -1,7 +1,7 @@
 """Adaptive Muon: Muon with a second moment of the orthogonalised update (AdaMuon, NorMuon, NAMO).
 
 The second-moment rules are the pure functions :func:`adamuon_`, :func:`normuon_` and
-:func:`namo_`; :class:`AdaptiveMuon` plugs them into :class:`~optimizers.muon.Muon`'s step loop
+:func:`namo_`; :class:`AdaptiveMuon` plugs them into :class:`~optzoo.optimizers.muon.Muon`'s step loop
 through its override points.
 
 FSDP2 (DTensor params): AdaMuon's second moment is element-wise, so it is sharded like the param
@@ -18,8 +18,8 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.optim.optimizer import ParamsT
 
-from optimizers.muon import FinishInput, Muon, ScaleMode, compute_dtype, local_shard, muon_scale_factor
-from optimizers.newton_schulz import CoefficientType, MatmulPrecision
+from .muon import FinishInput, Muon, ScaleMode, compute_dtype, local_shard, muon_scale_factor
+from .newton_schulz import CoefficientType, MatmulPrecision
 
 Moment2Method = Literal["adamuon", "normuon", "namo"]
 """Second-moment rule; upstream's ``Moment2MethodT``."""
@@ -68,7 +68,7 @@ def namo_(
 class AdaptiveMuon(Muon):
     r"""Muon with an adaptive second moment between Newton–Schulz and Muon's scale factor.
 
-    With :class:`~optimizers.muon.Muon`'s notation and :math:`O = \mathrm{NS}(D)` (not yet
+    With :class:`~optzoo.optimizers.muon.Muon`'s notation and :math:`O = \mathrm{NS}(D)` (not yet
     scaled), the update is :math:`W \leftarrow W - \eta \, s(r, c) \, e \, A(O)` where :math:`A`
     is ``moment2_method``'s rule: :func:`adamuon_` (elementwise, like Adam), :func:`normuon_`
     (per row or column) or :func:`namo_` (one scalar), each with decay ``beta2`` and ``eps``.
@@ -79,7 +79,7 @@ class AdaptiveMuon(Muon):
     https://github.com/NVIDIA-NeMo/Emerging-Optimizers/blob/v0.3.0/emerging_optimizers/orthogonalized_optimizers/adaptive_muon.py
     Parity with upstream: tests/optimizers/test_adaptive_muon.py.
 
-    Deviations from upstream: those of :class:`~optimizers.muon.Muon`, and
+    Deviations from upstream: those of :class:`~optzoo.optimizers.muon.Muon`, and
         * the second moment is ``state["exp_avg_sq"]`` (torch's name; upstream ``moment2_buffer``),
           kept in float32 for 16-bit params;
         * ``moment2_method`` is a param-group key like every setting (upstream: instance-wide);
@@ -92,10 +92,10 @@ class AdaptiveMuon(Muon):
             (Megatron's ``adaptive_muon_moment2_method``).
         beta2: second-moment decay in [0, 1) (``adaptive_muon_beta2``). Default 0.95, upstream's.
         eps: >= 0 (``adaptive_muon_eps``). Default 1e-8, upstream's.
-        **others: :class:`~optimizers.muon.Muon`'s arguments, with its defaults.
+        **others: :class:`~optzoo.optimizers.muon.Muon`'s arguments, with its defaults.
 
     Raises:
-        TypeError, ValueError: as :class:`~optimizers.muon.Muon`, and for an unknown
+        TypeError, ValueError: as :class:`~optzoo.optimizers.muon.Muon`, and for an unknown
             ``moment2_method`` or ``beta2``/``eps`` out of range.
 
     Example:

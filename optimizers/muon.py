@@ -2,14 +2,14 @@
 
 The math lives in the pure functions below (:func:`muon_scale_factor`,
 :func:`decoupled_weight_decay_`, :func:`momentum_direction_`, :func:`qkv_blocks`) and in
-:func:`optimizers.newton_schulz.newton_schulz`; :class:`Muon` is the ``torch.optim`` shell, and its
-step loop is shared with :class:`optimizers.adaptive_muon.AdaptiveMuon` through named override
+:func:`optzoo.optimizers.newton_schulz.newton_schulz`; :class:`Muon` is the ``torch.optim`` shell, and its
+step loop is shared with :class:`optzoo.optimizers.adaptive_muon.AdaptiveMuon` through named override
 points (see :class:`Muon`).
 
 Batching: one ``step`` collects every matrix it will orthogonalise (a whole param, or one Q/K/V
 block of a split param), groups those with the same shape (``4096 × 1024`` and ``1024 × 4096`` are
 two batches: stacking them together would cost a strided transposed copy each way), the same dtype
-and device and the same Newton–Schulz settings, and runs one batched :func:`~optimizers.newton_schulz.newton_schulz` call per group.
+and device and the same Newton–Schulz settings, and runs one batched :func:`~optzoo.optimizers.newton_schulz.newton_schulz` call per group.
 With ``batched=False`` in a param group, each of its matrices is a batch of one: the plain
 per-tensor path, tested equal to the batched one.
 
@@ -33,8 +33,8 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 from torch.optim.optimizer import ParamsT, StateDict
 
-from optimizers._checked import CheckedGroupsOptimizer
-from optimizers.newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
+from ._checked import CheckedGroupsOptimizer
+from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
 
 ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
 """How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
@@ -194,7 +194,7 @@ class Muon(CheckedGroupsOptimizer):
         M &\leftarrow M + (1 - \mu)(G - M), \qquad D = G + \mu (M - G) \text{ (Nesterov) or } M \\
         W &\leftarrow W - \eta \, s(r, c) \, e \, \mathrm{NS}(D)
 
-    where :math:`\mathrm{NS}` is Newton–Schulz (:mod:`optimizers.newton_schulz`), :math:`s` is
+    where :math:`\mathrm{NS}` is Newton–Schulz (:mod:`optzoo.optimizers.newton_schulz`), :math:`s` is
     :func:`muon_scale_factor` of the orthogonalised matrix's shape and :math:`e` is
     ``extra_scale_factor``. A param with a ``qkv_split_shapes`` attribute (say ``[q, kv, kv]``)
     in a group with ``split_qkv`` is orthogonalised (and scaled) per block (:func:`qkv_blocks`).
@@ -209,7 +209,7 @@ class Muon(CheckedGroupsOptimizer):
     Deviations from upstream:
         * Every setting is a param-group key (upstream keeps them on the instance and ignores
           group keys), so groups may differ, and ``state_dict()["param_groups"]`` records them.
-        * Newton–Schulz is :func:`~optimizers.newton_schulz.newton_schulz`, batched over the
+        * Newton–Schulz is :func:`~optzoo.optimizers.newton_schulz.newton_schulz`, batched over the
           step's matrices: upstream's within float32 rounding, with safe normalisation (a 1e-20
           gradient still gives an orthogonal update), the Gram variant on wide float32 matrices
           at ``highest``, and float32 instead of bf16 for ``medium`` on devices without fast
@@ -220,7 +220,7 @@ class Muon(CheckedGroupsOptimizer):
           float32 and keep ``momentum_buffer`` in float32 (upstream: float32 only).
         * Non-2-D params raise at construction (upstream: at ``step``). ``closure`` is supported.
 
-    Override points, for variants (:class:`~optimizers.adaptive_muon.AdaptiveMuon`) that share
+    Override points, for variants (:class:`~optzoo.optimizers.adaptive_muon.AdaptiveMuon`) that share
     this step loop: :meth:`_check_group` (validate a group), :meth:`_init_state` (lazy state),
     :meth:`_orthogonal_scale` (factor on each orthogonalised matrix), :meth:`_finish_update`
     (from the param's orthogonalised update to the one applied with ``-lr``) and

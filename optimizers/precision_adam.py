@@ -21,9 +21,9 @@ import torch
 from torch.optim.adam import adam as torch_adam
 from torch.optim.optimizer import ParamsT, StateDict
 
-from optimizers._checked import CheckedGroupsOptimizer
-from optimizers.bf16_remainder import join_bf16_remainder, split_fp32_into_
-from optimizers.registry import fused_supported
+from ._checked import CheckedGroupsOptimizer
+from .bf16_remainder import join_bf16_remainder, split_fp32_into_
+from .registry import fused_supported
 
 MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``exp_avg`` and ``exp_avg_sq`` may be stored in (TE also offers fp8, which we lack)."""
@@ -118,7 +118,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
     param joined with its int16 remainder), updates, and writes everything back to its storage
     dtype: moments and masters with round-to-nearest-even, the model param with
     round-to-nearest-even from the master, or with remainders as
-    :func:`optimizers.bf16_remainder.split_fp32`'s high half.
+    :func:`optzoo.optimizers.bf16_remainder.split_fp32`'s high half.
 
     The arithmetic runs in one of three kernels, chosen per param group at construction: torch's
     fused Adam (via :func:`torch.optim.adam.adam`, ``fused=True``; the default where the

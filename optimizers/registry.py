@@ -12,7 +12,7 @@ from typing import Any, Literal, TypedDict
 
 import torch
 
-from optimizers import _emerging
+from . import _emerging
 
 Source = Literal["torch", "emerging-optimizers", "optzoo"]
 ParamGroups = list[dict[str, Any]]
@@ -116,7 +116,7 @@ def _build_precision_aware_adam(groups: ParamGroups, instance: Mapping[str, Any]
     16-bit params get a master copy (or, with ``store_param_remainders``, an int16 remainder);
     fp32 params are their own master. Gradients are read from ``param.decoupled_grad``.
     """
-    from optimizers.precision_adam import PrecisionAwareAdam
+    from .precision_adam import PrecisionAwareAdam
 
     sixteen_bit = [p for p in _all_params(groups) if p.dtype in (torch.float16, torch.bfloat16)]
     return PrecisionAwareAdam(
@@ -282,13 +282,13 @@ def _muon_options(c: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _build_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    from optimizers.muon import Muon
+    from .muon import Muon
 
     return Muon(groups)
 
 
 def _build_adaptive_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    from optimizers.adaptive_muon import AdaptiveMuon
+    from .adaptive_muon import AdaptiveMuon
 
     return AdaptiveMuon(groups)
 

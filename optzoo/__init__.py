@@ -1,6 +1,6 @@
 """optzoo: a zoo of PyTorch optimizers with Megatron-Core-style parameter-group routing."""
 
-from optimizers.registry import OptimizerSpec, register, registered_names
+from optzoo.optimizers.registry import OptimizerSpec, register, registered_names
 from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
 from optzoo.config_file import dump_recipe, load_recipe, parse_recipe, recipe_from_overrides, shipped_recipes
 from optzoo.factory import get_optimizer, make_grad_scaler
@@ -14,7 +14,7 @@ from optzoo.optimizer import (
 )
 from optzoo.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
 from optzoo.scheduler import OptimizerParamScheduler
-from routing import (
+from optzoo.routing import (
     ParamKey,
     ParamPredicate,
     ParamWithNamePredicate,

@@ -16,14 +16,14 @@ from typing import Any, NoReturn
 
 from tabulate import tabulate
 
-from optimizers.registry import get_spec, registered_names
+from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
 from optzoo.distributed import Mode, Shard, ShardingPlan, plan_shards
 from optzoo.factory import param_group_map
 from optzoo.groups import ResolvedGroup, _jsonable, qualified_names, resolve_groups
 from optzoo.models import BUILTIN_MODELS, build_model
-from routing import Routing
+from optzoo.routing import Routing
 
 DEFAULT_LR = 1e-3
 """lr of the config ``dump-param-groups`` uses when no ``--config`` is given."""

@@ -15,10 +15,10 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from optimizers.adaptive_muon import Moment2Method
-from optimizers.muon import ScaleMode
-from optimizers.newton_schulz import CoefficientType, MatmulPrecision
-from optimizers.registry import registered_names
+from optzoo.optimizers.adaptive_muon import Moment2Method
+from optzoo.optimizers.muon import ScaleMode
+from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision
+from optzoo.optimizers.registry import registered_names
 
 MuonScaleMode = ScaleMode
 MuonCoefficientType = CoefficientType

@@ -9,7 +9,7 @@ TOML layout (``docs/cli.md`` and ``docs/routing.md`` have the full reference)::
     [[overrides]]                 # one table per ParamKey, in order
     name = ["*.bias", "*layernorm*"]   # globs on the full dotted name (str or list)
     attr = "is_embedding_or_output_parameter"   # attributes (str or list)
-    predicate = "is_1d"           # registered predicates (routing.register_predicate)
+    predicate = "is_1d"           # registered predicates (optzoo.routing.register_predicate)
     exclude_name = "*.q_layernorm.*"   # exclude_name/_attr/_predicate: take matches back out
     set = { wd_mult = 0.0 }       # the override: config fields and schedule keys
 
@@ -37,7 +37,7 @@ import torch
 
 from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, normalize_overrides
-from routing import ParamKey, overrides_from_entries, overrides_to_entries
+from optzoo.routing import ParamKey, overrides_from_entries, overrides_to_entries
 
 Format = Literal["toml", "yaml"]
 """Text formats of a recipe."""

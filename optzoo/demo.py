@@ -21,7 +21,7 @@ from optzoo.config import OptimizerConfig
 from optzoo.factory import get_optimizer
 from optzoo.groups import get_standard_config_overrides, resolve_groups
 from optzoo.models import GPT, GPTConfig
-from routing import ParamKey
+from optzoo.routing import ParamKey
 
 
 def stdlib_bytes(limit: int = 4_000_000) -> torch.Tensor:

@@ -43,8 +43,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from optimizers.newton_schulz import newton_schulz_flops
-from optimizers.registry import get_spec
+from optzoo.optimizers.newton_schulz import newton_schulz_flops
+from optzoo.optimizers.registry import get_spec
 from optzoo.groups import ResolvedGroup
 from optzoo.optimizer import STATE_DICT_FORMAT, MixedPrecisionOptimizer, Part, StepResult, _shorten
 

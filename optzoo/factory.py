@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from optimizers.registry import get_spec
+from optzoo.optimizers.registry import get_spec
 from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, ResolvedGroup, _jsonable, qualified_names, resolve_groups
 from optzoo.distributed import (
@@ -26,7 +26,7 @@ from optzoo.distributed import (
 )
 from optzoo.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer, MixedPrecisionOptimizer, Part
 from optzoo.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
-from routing import ParamKey, RoutedParam, Routing, named_trainable_parameters
+from optzoo.routing import ParamKey, RoutedParam, Routing, named_trainable_parameters
 
 
 def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing, num_chunks: int) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from optimizers.registry import get_spec
+from optzoo.optimizers.registry import get_spec
 from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
-from routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
+from optzoo.routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
 OverrideValue = Mapping[str, Any] | OptimizerConfig
 """An override: a dict of field names, or an ``OptimizerConfig`` meaning its differing fields."""

@@ -12,9 +12,9 @@ import math
 import warnings
 from typing import Any
 
-from optimizers.registry import registered_names
+from optzoo.optimizers.registry import registered_names
 from optzoo.config import OptimizerConfig
-from routing import ParamKey, ParamPredicate, ParamWithNamePredicate, get_predicate
+from optzoo.routing import ParamKey, ParamPredicate, ParamWithNamePredicate, get_predicate
 
 
 def _with_name(name: str) -> ParamWithNamePredicate:

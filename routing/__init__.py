@@ -11,8 +11,8 @@ The rules, in three sentences:
    a warning (an error with ``strict=True``).
 """
 
-from routing.keys import ParamKey, ParamPredicate, ParamWithNamePredicate
-from routing.predicates import (
+from .keys import ParamKey, ParamPredicate, ParamWithNamePredicate
+from .predicates import (
     PredicateSpec,
     get_predicate,
     predicate_spec,
@@ -20,13 +20,13 @@ from routing.predicates import (
     registered_predicates,
     unregister_predicate,
 )
-from routing.recipes import (
+from .recipes import (
     key_from_entry,
     key_to_entry,
     overrides_from_entries,
     overrides_to_entries,
 )
-from routing.resolve import (
+from .resolve import (
     Override,
     ParamGroupSpec,
     RoutedParam,
@@ -35,7 +35,7 @@ from routing.resolve import (
     named_trainable_parameters,
     resolve_param_groups,
 )
-from routing.standard import standard_overrides
+from .standard import standard_overrides
 
 __all__ = [
     "Override",

@@ -19,7 +19,7 @@ from typing import Any, overload
 
 import torch
 
-from routing.keys import ParamPredicate, ParamWithNamePredicate
+from .keys import ParamPredicate, ParamWithNamePredicate
 
 Predicate = ParamPredicate | ParamWithNamePredicate
 """Either kind of named predicate."""
@@ -244,7 +244,7 @@ def _is_norm(param: torch.Tensor, name: str) -> bool:
 
 def _is_qk_layernorm(param: torch.Tensor, name: str) -> bool:
     # The attribute is Megatron-Bridge's tag (_mark_qk_layernorm_params); the name test is
-    # Megatron-Core's get_standard_config_overrides (and routing.standard), character for character.
+    # Megatron-Core's get_standard_config_overrides (and optzoo.routing.standard), character for character.
     return bool(getattr(param, "is_qk_layernorm", False)) or "q_layernorm." in name or "k_layernorm." in name
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from routing.keys import ParamKey, ParamWithNamePredicate
-from routing.predicates import (
+from .keys import ParamKey, ParamWithNamePredicate
+from .predicates import (
     Predicate,
     is_registered,
     predicate_spec,
@@ -80,7 +80,7 @@ def key_to_entry(key: ParamKey) -> Entry:
             ``key`` has no include field (it matches nothing; a recipe entry needs one).
 
     Example:
-        >>> from routing.predicates import get_predicate
+        >>> from optzoo.routing.predicates import get_predicate
         >>> key_to_entry(ParamKey(name="*.weight", exclude=ParamKey(with_name_predicate=(get_predicate("is_norm"),))))
         {'name': '*.weight', 'exclude_with_name_predicate': ['is_norm']}
     """

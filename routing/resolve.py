@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from routing.keys import ParamKey
+from .keys import ParamKey
 
 Override = Mapping[str, Any]
 """What a key sets: field name -> value. routing/ never interprets the fields."""

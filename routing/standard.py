@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from routing.keys import ParamKey, ParamPredicate, ParamWithNamePredicate
-from routing.predicates import get_predicate
+from .keys import ParamKey, ParamPredicate, ParamWithNamePredicate
+from .predicates import get_predicate
 
 
 def standard_overrides(
@@ -27,7 +27,7 @@ def standard_overrides(
         ["name='*.bias', predicate='is_1d'", "attr='is_embedding_or_output_parameter'"]
     """
     overrides: dict[ParamKey, dict[str, Any]] = {}
-    # The registered predicates (routing.predicates), so these keys can be written to a recipe.
+    # The registered predicates (optzoo.routing.predicates), so these keys can be written to a recipe.
     if apply_wd_to_qk_layernorm:
         not_qk_norm = get_predicate("is_1d_or_bias_not_qk_layernorm")
         assert isinstance(not_qk_norm, ParamWithNamePredicate)

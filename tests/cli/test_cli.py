@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from optimizers.registry import get_spec, registered_names
+from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo import OptimizerConfig, resolve_groups
 from optzoo.cli import main
 from optzoo.distributed import plan_shards

@@ -18,8 +18,8 @@ from typing import Any, get_args
 import pytest
 import torch
 
-from optimizers.adaptive_muon import AdaptiveMuon, Moment2Method
-from optimizers.muon import Muon
+from optzoo.optimizers.adaptive_muon import AdaptiveMuon, Moment2Method
+from optzoo.optimizers.muon import Muon
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.distributed import preserve_param_attributes
 from optzoo.models import GPT

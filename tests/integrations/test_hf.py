@@ -19,7 +19,7 @@ from torch import nn
 
 import transformers  # noqa: E402 - in the test extra: missing, it fails here instead of skipping
 
-from optimizers.muon import Muon  # noqa: E402
+from optzoo.optimizers.muon import Muon  # noqa: E402
 from optzoo import OptimizerConfig, get_optimizer  # noqa: E402
 from optzoo.cli import main  # noqa: E402
 from optzoo.hf import build_hf_model, load_hf_config, tag_hf_model  # noqa: E402

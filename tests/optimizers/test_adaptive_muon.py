@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-import optimizers.muon as muon_module
-from optimizers import _emerging
-from optimizers.adaptive_muon import AdaptiveMuon, Moment2Method, normuon_
-from optimizers.muon import muon_scale_factor
-from optimizers.newton_schulz import newton_schulz
+import optzoo.optimizers.muon as muon_module
+from optzoo.optimizers import _emerging
+from optzoo.optimizers.adaptive_muon import AdaptiveMuon, Moment2Method, normuon_
+from optzoo.optimizers.muon import muon_scale_factor
+from optzoo.optimizers.newton_schulz import newton_schulz
 from tests.optimizers.reference.muon import copies, drive, matrices, upstream_newton_schulz
 from tests.optimizers.test_muon import END_TO_END, EXTRA, SETTINGS, SHAPES, WIDE_SHAPES
 

@@ -17,10 +17,10 @@ from typing import Any, get_args
 import pytest
 import torch
 
-import optimizers.muon as muon_module
-from optimizers import _emerging
-from optimizers.muon import Muon, ScaleMode, momentum_direction_, muon_scale_factor, qkv_blocks
-from optimizers.newton_schulz import newton_schulz
+import optzoo.optimizers.muon as muon_module
+from optzoo.optimizers import _emerging
+from optzoo.optimizers.muon import Muon, ScaleMode, momentum_direction_, muon_scale_factor, qkv_blocks
+from optzoo.optimizers.newton_schulz import newton_schulz
 from tests.optimizers.reference.muon import copies, drive, matrices, upstream_newton_schulz
 
 SHAPES = [(5, 7), (33, 65), (64, 64), (64, 64), (128, 32), (65, 33)]

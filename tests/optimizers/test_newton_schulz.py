@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import optimizers.newton_schulz as ns
-from optimizers import _emerging
-from optimizers.newton_schulz import (
+import optzoo.optimizers.newton_schulz as ns
+from optzoo.optimizers import _emerging
+from optzoo.optimizers.newton_schulz import (
     COEFFICIENT_SETS,
     CoefficientType,
     coefficient_schedule,

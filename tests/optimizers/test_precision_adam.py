@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from optimizers.bf16_remainder import join_bf16_remainder, round_half_up_to_bf16, split_fp32
-from optimizers.precision_adam import PrecisionAwareAdam
+from optzoo.optimizers.bf16_remainder import join_bf16_remainder, round_half_up_to_bf16, split_fp32
+from optzoo.optimizers.precision_adam import PrecisionAwareAdam
 from tests.optimizers.reference.precision_adam import (
     Kernel,
     MasterAdam,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from optimizers.registry import OptimizerSpec, get_spec, register, registered_names
+from optzoo.optimizers.registry import OptimizerSpec, get_spec, register, registered_names
 from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads
 

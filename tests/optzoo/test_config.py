@@ -8,7 +8,7 @@ import typing
 import pytest
 import torch
 
-from optimizers import _emerging
+from optzoo.optimizers import _emerging
 from optzoo import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
 from optzoo.config import (
     AdaptiveMuonMoment2Method,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from optimizers.registry import get_spec
+from optzoo.optimizers.registry import get_spec
 from optzoo import (
     OptimizerConfig,
     ParamKey,

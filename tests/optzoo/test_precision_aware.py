@@ -7,8 +7,8 @@ import io
 import pytest
 import torch
 
-from optimizers.bf16_remainder import join_bf16_remainder
-from optimizers.precision_adam import PrecisionAwareAdam
+from optzoo.optimizers.bf16_remainder import join_bf16_remainder
+from optzoo.optimizers.precision_adam import PrecisionAwareAdam
 from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import tiny_gpt, tokens
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from routing import ParamKey, ParamPredicate, ParamWithNamePredicate
+from optzoo.routing import ParamKey, ParamPredicate, ParamWithNamePredicate
 from tests.conftest import tiny_gpt
 
 QKV_W = "decoder.layers.0.self_attention.linear_qkv.weight"

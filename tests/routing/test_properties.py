@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from routing import ParamKey, ParamPredicate, ParamWithNamePredicate, Routing, resolve_param_groups
+from optzoo.routing import ParamKey, ParamPredicate, ParamWithNamePredicate, Routing, resolve_param_groups
 
 SETTINGS = settings(
     max_examples=50,

@@ -29,7 +29,7 @@ from optzoo.config_file import (
     shipped_recipes,
 )
 from optzoo.groups import resolve_groups
-from routing import (
+from optzoo.routing import (
     ParamKey,
     ParamPredicate,
     ParamWithNamePredicate,
@@ -44,7 +44,7 @@ from routing import (
     standard_overrides,
     unregister_predicate,
 )
-from routing import predicates as predicates_module
+from optzoo.routing import predicates as predicates_module
 from tests.conftest import tiny_gpt
 
 import yaml  # the test extra has PyYAML: a missing one fails here rather than skipping YAML tests

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from optzoo.models import GPT
-from routing import (
+from optzoo.routing import (
     ParamKey,
     ParamPredicate,
     ParamWithNamePredicate,

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from optimizers import _emerging
+from optzoo.optimizers import _emerging
 
 
 def matrices(shapes: Sequence[tuple[int, int]], *, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
