@@ -1,7 +1,7 @@
 """The comparison suite: step time, Newton–Schulz throughput, memory and convergence in one run.
 
-Run: ``optzoo bench [--device cpu|cuda] [--out DIR] [--quick]`` from a source checkout, or
-``.venv/bin/python -m benchmarks.compare`` with the same flags. It prints one table per section,
+Run: ``.venv/bin/python -m benchmarks.compare [--device cpu|cuda] [--out DIR] [--quick]`` from a
+source checkout (the installed package does not ship the benchmarks). It prints one table per section,
 writes ``results.json`` (the environment and every number) and four PNG plots to ``--out``
 (default ``benchmarks/results/``). The full run takes about 4 minutes on a quiet 2-core CPU;
 ``--quick`` runs the same pipeline on toy sizes in seconds (the test uses it).
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ from tqdm import tqdm
 
 from benchmarks import bench_newton_schulz as ns_bench
 from benchmarks._timing import round_robin_medians
+from benchmarks.report import environment, require_matplotlib, tables, write_report
+from optzoo import OptimizerConfig, get_optimizer
+from optzoo.demo import stdlib_bytes
+from optzoo.models import GPT, GPTConfig
 from optzoo.optimizers import _emerging
 from optzoo.optimizers.newton_schulz import (
     COEFFICIENT_SETS,
@@ -47,10 +52,6 @@ from optzoo.optimizers.newton_schulz import (
     newton_schulz_flops,
 )
 from optzoo.optimizers.registry import fused_supported
-from optzoo import OptimizerConfig, get_optimizer
-from optzoo.bench import environment, require_matplotlib, tables, write_report
-from optzoo.demo import stdlib_bytes
-from optzoo.models import GPT, GPTConfig
 
 Row = dict[str, Any]
 OPTIMIZERS = ("adam", "sgd", "lion", "muon", "adaptive_muon", "soap")
@@ -415,7 +416,7 @@ def run_suite(*, device: str | None = None, out: str | Path | None = None, quick
     results["runtime_s"] = time.perf_counter() - started
     write_report(results, target)
     env = results["environment"]
-    print(f"optzoo bench on {env['device_name']} ({env['device']}, {env['threads']} threads), torch {env['torch']}, "
+    print(f"benchmarks.compare on {env['device_name']} ({env['device']}, {env['threads']} threads), torch {env['torch']}, "
           f"{'quick' if quick else 'full'} plan")  # fmt: skip
     for table in tables(results):
         print(f"\n{table}")
@@ -424,14 +425,22 @@ def run_suite(*, device: str | None = None, out: str | Path | None = None, quick
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite from the command line; returns the exit status (2 with a one-line error)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--quick", action="store_true", help="toy sizes: the whole pipeline in seconds")
     args = parser.parse_args(argv)
-    run_suite(device=args.device, out=args.out, quick=args.quick)
+    try:
+        run_suite(device=args.device, out=args.out, quick=args.quick)
+    except (ValueError, ImportError) as error:
+        print(f"benchmarks.compare: error: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``optzoo bench --quick`` runs the whole comparison suite and writes a complete report.
+"""``python -m benchmarks.compare --quick`` runs the whole comparison suite and writes a complete report.
 
 These tests check structure and exact byte counts, never timings.
 """
@@ -19,19 +19,18 @@ from benchmarks import compare
 from benchmarks.bench_precision import _bytes_per_param
 from optzoo.optimizers.newton_schulz import COEFFICIENT_SETS
 from optzoo import OptimizerConfig, get_optimizer
-from optzoo.bench import PLOTS
-from optzoo.cli import main
+from benchmarks.report import PLOTS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
-    """One ``optzoo bench --quick`` through the CLI entry point: (exit status, stdout, out folder)."""
+    """One ``python -m benchmarks.compare --quick`` through its entry point: (exit status, stdout, out folder)."""
     out = tmp_path_factory.mktemp("bench")
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):  # capsys is per test; this runs once for the module
-        status = main(["bench", "--quick", "--device", "cpu", "--out", str(out)])
+        status = compare.main(["--quick", "--device", "cpu", "--out", str(out)])
     return status, stdout.getvalue(), out
 
 
@@ -109,5 +108,5 @@ def test_state_bytes_split_sums_to_bench_precision_count() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without a GPU")
 def test_cuda_without_a_gpu_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--device", "cuda", "--quick"]) == 2
-    assert capsys.readouterr().err == "optzoo: error: `--device`: unavailable; got 'cuda'; expected 'cpu'\n"
+    assert compare.main(["--device", "cuda", "--quick"]) == 2
+    assert capsys.readouterr().err == "benchmarks.compare: error: `--device`: unavailable; got 'cuda'; expected 'cpu'\n"

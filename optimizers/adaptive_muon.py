@@ -18,7 +18,8 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.optim.optimizer import ParamsT
 
-from .muon import FinishInput, Muon, ScaleMode, compute_dtype, local_shard, muon_scale_factor
+from .._common import check_choice, local_shard
+from .muon import FinishInput, Muon, ScaleMode, compute_dtype, muon_scale_factor
 from .newton_schulz import CoefficientType, MatmulPrecision
 
 Moment2Method = Literal["adamuon", "normuon", "namo"]
@@ -136,11 +137,7 @@ class AdaptiveMuon(Muon):
     @override
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         where = f"param group #{index}"
-        if group["moment2_method"] not in get_args(Moment2Method):
-            raise ValueError(
-                f"{where}: `moment2_method`: unknown value; got {group['moment2_method']!r}; "
-                f"expected one of {list(get_args(Moment2Method))}"
-            )
+        check_choice(f"{where}: `moment2_method`", group["moment2_method"], get_args(Moment2Method))
         if not 0 <= group["beta2"] < 1:
             raise ValueError(f"{where}: `beta2`: must lie in [0, 1); got {group['beta2']!r}; expected 0 <= beta2 < 1")
         if not group["eps"] >= 0:

@@ -6,25 +6,37 @@ The math lives in the pure functions below (:func:`muon_scale_factor`,
 step loop is shared with :class:`optzoo.optimizers.adaptive_muon.AdaptiveMuon` through named override
 points (see :class:`Muon`).
 
-Batching: one ``step`` collects every matrix it will orthogonalise (a whole param, or one Q/K/V
-block of a split param), groups those with the same shape (``4096 × 1024`` and ``1024 × 4096`` are
-two batches: stacking them together would cost a strided transposed copy each way), the same dtype
-and device and the same Newton–Schulz settings, and runs one batched :func:`~optzoo.optimizers.newton_schulz.newton_schulz` call per group.
-With ``batched=False`` in a param group, each of its matrices is a batch of one: the plain
-per-tensor path, tested equal to the batched one.
+A step is planned, then runs in three named stages, as dion's ``muon.py`` has them
+(``muon_update_pre_orthogonalize``, Newton–Schulz, ``muon_update_post_orthogonalize``):
+
+* plan (from shapes and settings alone, before any arithmetic): every matrix the step will
+  orthogonalise (a whole param, or one Q/K/V block of a split param) joins the batch of those
+  with the same shape (``4096 × 1024`` and ``1024 × 4096`` are two batches: stacking them together
+  would cost a strided transposed copy each way), dtype, device and Newton–Schulz settings;
+* prepare, per param: decoupled weight decay and momentum give the direction to orthogonalise;
+* orthogonalise, per batch: the matrices stacked, one batched
+  :func:`~optzoo.optimizers.newton_schulz.newton_schulz` call, each scaled by ``_orthogonal_scale``;
+* apply, per param: ``_finish_update``, then ``W ← W − lr · update``.
+
+Batches run in order of first appearance. A param is prepared when the first batch holding one of
+its matrices is reached and applied as soon as its last one is orthogonalised, so only the params
+of batches in flight hold a direction (under FSDP2, a gathered whole matrix). With
+``batched=False`` in a param group, each of its matrices is a batch of one: the plain per-tensor
+path, tested equal to the batched one.
 
 FSDP2 (``fully_shard``): a DTensor param's element-wise steps (weight decay, momentum, the final
-update) run on this rank's shard, and its state is sharded like it; the direction is all-gathered
-(one all-gather per param and step) and orthogonalised whole, batched as above, and each rank
-keeps its own shard of the result. Every rank orthogonalises every matrix: redundant compute,
-accepted for now because it is simple and its result equals a single process's.
+update) run on this rank's shard, and its state is sharded like it; prepare all-gathers the
+direction (one all-gather per param and step), which is orthogonalised whole, batched as above,
+and each rank keeps its own shard of the result. Every rank orthogonalises every matrix:
+redundant compute, accepted for now because it is simple and its result equals a single process's.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, get_args, override
@@ -33,6 +45,8 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 from torch.optim.optimizer import ParamsT, StateDict
 
+from .._common import check_choice, check_flag, describe_param
+from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  # re-exported: callers import them from here
 from ._checked import CheckedGroupsOptimizer
 from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
 
@@ -40,8 +54,6 @@ ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
 """How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
 FinishInput = Literal["orthogonal", "grad", "direction"]
 """An input of ``_finish_update`` that a variant may need whole under FSDP2 (``_whole_inputs``)."""
-PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-"""Param dtypes Muon takes: float64 computes in float64; the 16-bit ones compute (and keep state) in float32."""
 
 
 def muon_scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
@@ -56,13 +68,12 @@ def muon_scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
         >>> muon_scale_factor(1024, 4096, "spectral"), muon_scale_factor(4096, 1024, "shape_scaling")
         (64.0, 2.0)
     """
+    check_choice("`scale_mode`", mode, get_args(ScaleMode))
     if mode == "shape_scaling":
         return float(max(1.0, rows / cols) ** 0.5)
     if mode == "spectral":
         return float(max(rows, cols) ** 0.5)
-    if mode == "unit_rms_norm":
-        return float((rows / cols) ** 0.5)
-    raise ValueError(f"`scale_mode`: unknown value; got {mode!r}; expected one of {list(get_args(ScaleMode))}")
+    return float((rows / cols) ** 0.5)  # unit_rms_norm
 
 
 def decoupled_weight_decay_(param: torch.Tensor, *, lr: float, weight_decay: float) -> None:
@@ -103,11 +114,6 @@ def compute_dtype(param: torch.Tensor) -> torch.dtype:
     return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
 
 
-def local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (FSDP2), else the tensor itself; in-place ops on it update the DTensor."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def gather_whole(shard: torch.Tensor, like: DTensor) -> torch.Tensor:
     """The whole tensor whose pieces are every rank's ``shard``, laid out as ``like``'s (an all-gather).
 
@@ -128,34 +134,24 @@ def take_shard(whole: torch.Tensor, like: DTensor) -> torch.Tensor:
     return replicated.redistribute(mesh, like.placements).to_local()
 
 
-@dataclass(eq=False)
-class _Work:
-    """One param's step in flight: its inputs, and its blocks as they are orthogonalised."""
-
-    param: torch.Tensor  # a DTensor under FSDP2 (its shape is the whole matrix's)
-    local: torch.Tensor  # what the element-wise steps update: the param, or this rank's shard of it
-    group: dict[str, Any]
-    state: dict[str, Any]
-    grad: torch.Tensor  # contiguous, in the compute dtype; this rank's shard under FSDP2
-    where: str  # names the param in messages
-    remaining: int = 0
-    direction: torch.Tensor | None = None  # the momentum (or Nesterov) direction, once computed (local)
-    matrix: torch.Tensor | None = None  # the whole direction to orthogonalise (``direction`` unless sharded)
-    orthogonal: torch.Tensor | None = None  # Newton–Schulz output of ``matrix``, scaled by _orthogonal_scale
-
-
 @dataclass(frozen=True, eq=False)
 class _Block:
-    """One matrix to orthogonalise: rows ``[start, start + rows)`` of each of ``groups`` row groups."""
+    """One matrix to orthogonalise: rows ``[start, start + rows)`` of each of ``groups`` row groups of ``param``."""
 
-    work: _Work
+    param: torch.Tensor  # a DTensor under FSDP2 (its shape is the whole matrix's)
+    group: dict[str, Any]
     start: int
     rows: int
     groups: int
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.groups * self.rows, self.work.param.shape[1]
+        return self.groups * self.rows, self.param.shape[1]
+
+    @property
+    def whole(self) -> bool:
+        """Whether the block is the whole param, so its output can serve as the param's (a view, no copy)."""
+        return self.groups == 1 and self.rows == self.param.shape[0]
 
     def of(self, full: torch.Tensor) -> torch.Tensor:
         """This block of a contiguous param-shaped tensor, as a ``(groups, rows, cols)`` view."""
@@ -166,21 +162,17 @@ class _Block:
         return slot.view(self.groups, self.rows, -1)
 
 
-def _where(group: dict[str, Any], group_index: int, param_index: int) -> str:
-    """``param group #g, param #i`` plus the param's name where the group carries names."""
-    names = group.get("param_names")
-    named = f" (`{names[param_index]}`)" if names else ""
-    return f"param group #{group_index}, param #{param_index}{named}"
+@dataclass(frozen=True, eq=False)
+class _Prepared:
+    """A param after the prepare stage: what orthogonalising its blocks and applying its update read."""
 
-
-def _check_choice(where: str, group: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:
-    if group[key] not in allowed:
-        raise ValueError(f"{where}: `{key}`: unknown value; got {group[key]!r}; expected one of {list(allowed)}")
-
-
-def _check_flag(where: str, group: dict[str, Any], key: str) -> None:
-    if not isinstance(group[key], bool):
-        raise TypeError(f"{where}: `{key}`: must be a bool; got {group[key]!r}; expected True or False")
+    param: torch.Tensor  # a DTensor under FSDP2
+    local: torch.Tensor  # what the element-wise steps update: the param, or this rank's shard of it
+    group: dict[str, Any]
+    state: dict[str, Any]
+    grad: torch.Tensor  # contiguous, in the compute dtype; this rank's shard under FSDP2
+    direction: torch.Tensor  # the momentum (or Nesterov) direction, local like ``grad``
+    matrix: torch.Tensor  # the whole direction to orthogonalise: ``direction``, or its all-gather under FSDP2
 
 
 class Muon(CheckedGroupsOptimizer):
@@ -219,6 +211,11 @@ class Muon(CheckedGroupsOptimizer):
         * Any float param dtype: float64 computes in float64; bf16 and fp16 params compute in
           float32 and keep ``momentum_buffer`` in float32 (upstream: float32 only).
         * Non-2-D params raise at construction (upstream: at ``step``). ``closure`` is supported.
+
+    The step plans its batches (:meth:`_plan`), then runs them in order, in three stages (see the
+    module docstring): :meth:`_prepare` each param the batch reaches first (weight decay, momentum,
+    the FSDP2 all-gather), :meth:`_orthogonalize_batch` (stack, Newton–Schulz, scale), and
+    :meth:`_apply` each param whose last block it held (``_finish_update``, then ``W ← W − η·update``).
 
     Override points, for variants (:class:`~optzoo.optimizers.adaptive_muon.AdaptiveMuon`) that share
     this step loop: :meth:`_check_group` (validate a group), :meth:`_init_state` (lazy state),
@@ -312,13 +309,13 @@ class Muon(CheckedGroupsOptimizer):
         steps = group["num_ns_steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{where}: `num_ns_steps`: must be a positive integer; got {steps!r}; expected an int >= 1")
-        _check_choice(where, group, "coefficient_type", get_args(CoefficientType))
-        _check_choice(where, group, "fp32_matmul_prec", get_args(MatmulPrecision))
-        _check_choice(where, group, "scale_mode", get_args(ScaleMode))
+        check_choice(f"{where}: `coefficient_type`", group["coefficient_type"], get_args(CoefficientType))
+        check_choice(f"{where}: `fp32_matmul_prec`", group["fp32_matmul_prec"], get_args(MatmulPrecision))
+        check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(ScaleMode))
         for key in ("nesterov", "split_qkv", "batched"):
-            _check_flag(where, group, key)
+            check_flag(f"{where}: `{key}`", group[key])
         for param_index, param in enumerate(group["params"]):
-            self._check_param(param, group, _where(group, index, param_index))
+            self._check_param(param, group, describe_param(group, index, param_index))
 
     def _check_param(self, param: torch.Tensor, group: dict[str, Any], where: str) -> None:
         name = type(self).__name__
@@ -390,117 +387,125 @@ class Muon(CheckedGroupsOptimizer):
         """
         return frozenset()
 
-    # ---- the step loop ------------------------------------------------------------------------
+    # ---- the step: plan, then prepare, orthogonalise and apply ----------------------------------
 
     @override
     def _update(self) -> None:
-        """One update of every param that has a gradient, batched by matrix shape."""
-        batches: dict[tuple[Any, ...], list[_Block]] = {}
-        for work in self._works():
-            for block in self._blocks(work):
-                batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
-        for blocks in batches.values():
-            self._orthogonalize(blocks)
+        """One update of every param that has a gradient, one batch of same-shape matrices at a time."""
+        batches = self._plan()
+        remaining = Counter(block.param for blocks in batches for block in blocks)
+        prepared: dict[torch.Tensor, _Prepared] = {}
+        orthogonal: dict[torch.Tensor, torch.Tensor] = {}  # per param; a split one's fills in block by block
+        for blocks in batches:
+            for block in blocks:
+                if block.param not in prepared:  # its first batch: prepare now, not before (memory)
+                    prepared[block.param] = self._prepare(block.param, block.group)
+            out = self._orthogonalize_batch(blocks, [prepared[block.param].matrix for block in blocks])
+            for slot, block in zip(out, blocks):
+                param = block.param
+                if block.whole:
+                    orthogonal[param] = block.in_slot(slot)[0]  # a view, no copy
+                else:
+                    matrix = prepared[param].matrix
+                    if param not in orthogonal:
+                        orthogonal[param] = torch.empty(matrix.shape, dtype=matrix.dtype, device=matrix.device)
+                    block.of(orthogonal[param]).copy_(block.in_slot(slot))
+                remaining[param] -= 1
+                if remaining[param] == 0:  # its last block: apply now, and let its tensors go
+                    self._apply(prepared.pop(param), orthogonal.pop(param))
 
-    def _works(self) -> Iterator[_Work]:
+    def _plan(self) -> list[list[_Block]]:
+        """The batches of the step's matrices, from shapes and settings alone (so a sparse gradient
+        raises before any param changes), in order of first appearance."""
+        batches: dict[tuple[Any, ...], list[_Block]] = {}
         for group_index, group in enumerate(self.param_groups):
             for param_index, param in enumerate(group["params"]):
                 if param.grad is None:
                     continue
-                where = _where(group, group_index, param_index)
+                where = describe_param(group, group_index, param_index)
                 if param.grad.is_sparse:
                     raise ValueError(
                         f"{where}: gradient is sparse, which {type(self).__name__} does not support; "
                         f"got {param.grad.layout}; expected torch.strided"
                     )
-                state = self.state[param]
-                if not state:
-                    self._init_state(param, state, group)
-                grad = local_shard(param.grad).to(dtype=compute_dtype(param), memory_format=torch.contiguous_format)
-                yield _Work(param, local_shard(param), group, state, grad, where)
+                for block in self._blocks(param, group, where):
+                    batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
+        return list(batches.values())
 
-    def _blocks(self, work: _Work) -> list[_Block]:
-        rows = work.param.shape[0]
-        split = self._qkv_split(work.param, work.group, work.where)
-        blocks = (
-            [_Block(work, start=0, rows=rows, groups=1)]
-            if split is None
-            else [
-                _Block(work, start=sum(split[:k]), rows=size, groups=rows // sum(split))
-                for k, size in enumerate(split)
-            ]
-        )
-        work.remaining = len(blocks)
-        return blocks
+    def _blocks(self, param: torch.Tensor, group: dict[str, Any], where: str) -> list[_Block]:
+        rows = param.shape[0]
+        split = self._qkv_split(param, group, where)
+        if split is None:
+            return [_Block(param, group, start=0, rows=rows, groups=1)]
+        return [
+            _Block(param, group, start=sum(split[:k]), rows=size, groups=rows // sum(split)) for k, size in enumerate(split)
+        ]
 
     @staticmethod
     def _batch_key(block: _Block, unique: int) -> tuple[Any, ...]:
         """Blocks with equal keys are orthogonalised in one call; ``batched=False`` keys are unique."""
         # Exact shapes, not shapes up to transposition: stacking a tall matrix with wide ones costs
         # a strided transposed copy in and out, which on CPU outweighed the larger batch.
-        group = block.work.group
-        key: tuple[Any, ...] = (block.work.grad.device, block.work.grad.dtype, *block.shape)
+        group = block.group
+        key: tuple[Any, ...] = (block.param.device, compute_dtype(block.param), *block.shape)
         key += (group["num_ns_steps"], group["coefficient_type"], group["fp32_matmul_prec"])
         return key if group["batched"] else (*key, unique)
 
-    def _orthogonalize(self, blocks: list[_Block]) -> None:
-        """Orthogonalise one batch of same-shape matrices; finish each param whose blocks are done."""
-        for work in {id(b.work): b.work for b in blocks}.values():
-            if work.direction is None:
-                group = work.group
-                decoupled_weight_decay_(work.local, lr=group["lr"], weight_decay=group["weight_decay"])
-                work.direction = momentum_direction_(
-                    local_shard(work.state["momentum_buffer"]), work.grad, momentum=group["momentum"], nesterov=group["nesterov"]
-                )
-                # FSDP2: Newton–Schulz needs the whole matrix; every rank gathers (and orthogonalises) it.
-                param = work.param
-                work.matrix = gather_whole(work.direction, param) if isinstance(param, DTensor) else work.direction
+    def _prepare(self, param: torch.Tensor, group: dict[str, Any]) -> _Prepared:
+        """Stage 1, per param: decoupled weight decay, momentum, and under FSDP2 the gathered direction."""
+        state = self.state[param]
+        if not state:
+            self._init_state(param, state, group)
+        assert param.grad is not None  # _plan keeps only params with a gradient
+        grad = local_shard(param.grad).to(dtype=compute_dtype(param), memory_format=torch.contiguous_format)
+        local = local_shard(param)
+        decoupled_weight_decay_(local, lr=group["lr"], weight_decay=group["weight_decay"])
+        direction = momentum_direction_(
+            local_shard(state["momentum_buffer"]), grad, momentum=group["momentum"], nesterov=group["nesterov"]
+        )
+        # FSDP2: Newton–Schulz needs the whole matrix; every rank gathers (and orthogonalises) it.
+        matrix = gather_whole(direction, param) if isinstance(param, DTensor) else direction
+        return _Prepared(param, local, group, state, grad, direction, matrix)
+
+    def _orthogonalize_batch(self, blocks: Sequence[_Block], matrices: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Stage 2, per batch: ``blocks`` (of ``matrices``, their params' prepared matrices)
+        stacked, one batched Newton–Schulz call, each output times :meth:`_orthogonal_scale`.
+
+        Returns:
+            ``(len(blocks), rows, cols)``: slot ``i`` is block ``i``'s output, in its own orientation.
+        """
         first = blocks[0]
-        stack = torch.empty((len(blocks), *first.shape), dtype=first.work.grad.dtype, device=first.work.grad.device)
-        for slot, block in zip(stack, blocks):
-            assert block.work.matrix is not None  # set just above
-            block.in_slot(slot).copy_(block.of(block.work.matrix))
-        group = first.work.group  # the batch key makes these settings common to the batch
+        stack = torch.empty((len(blocks), *first.shape), dtype=matrices[0].dtype, device=matrices[0].device)
+        for slot, block, matrix in zip(stack, blocks, matrices):
+            block.in_slot(slot).copy_(block.of(matrix))
+        group = first.group  # the batch key makes these settings common to the batch
         out = newton_schulz(
             stack, steps=group["num_ns_steps"], coefficient_type=group["coefficient_type"],
             matmul_precision=group["fp32_matmul_prec"],
         )  # fmt: skip
-        scales = [self._orthogonal_scale(b.work.group, *b.shape) for b in blocks]
+        scales = [self._orthogonal_scale(block.group, *block.shape) for block in blocks]
         if len(set(scales)) == 1:
             if scales[0] != 1.0:
                 out.mul_(scales[0])
         else:
             for slot, scale in zip(out, scales):
                 slot.mul_(scale)
-        for slot, block in zip(out, blocks):
-            work = block.work
-            if block.groups == 1 and block.rows == work.param.shape[0]:
-                work.orthogonal = block.in_slot(slot)[0]  # the whole matrix: a view, no copy
-            else:
-                if work.orthogonal is None:
-                    assert work.matrix is not None  # set with the direction
-                    work.orthogonal = torch.empty(work.matrix.shape, dtype=work.matrix.dtype, device=work.matrix.device)
-                block.of(work.orthogonal).copy_(block.in_slot(slot))
-            work.remaining -= 1
-            if work.remaining == 0:
-                self._apply(work)
+        return out
 
-    def _apply(self, work: _Work) -> None:
-        assert work.orthogonal is not None and work.direction is not None and work.matrix is not None  # every block is done
-        orthogonal, grad, direction = work.orthogonal, work.grad, work.direction
+    def _apply(self, prepared: _Prepared, orthogonal: torch.Tensor) -> None:
+        """Stage 3, per param, once all its blocks are orthogonalised: ``W ← W − lr · _finish_update(...)``."""
+        param, group = prepared.param, prepared.group
+        grad, direction = prepared.grad, prepared.direction
         whole: frozenset[FinishInput] = frozenset()
-        if isinstance(work.param, DTensor):
-            whole = self._whole_inputs(work.group)
-            orthogonal = orthogonal if "orthogonal" in whole else take_shard(orthogonal, work.param)
-            direction = work.matrix if "direction" in whole else direction
-            grad = gather_whole(grad, work.param) if "grad" in whole else grad
-        update = self._finish_update(
-            orthogonal, param=work.param, state=work.state, group=work.group, grad=grad, direction=direction
-        )
-        if isinstance(work.param, DTensor) and "orthogonal" in whole:
-            update = take_shard(update, work.param)
-        work.local.add_(update, alpha=-work.group["lr"])
-        work.orthogonal = work.direction = work.matrix = None
+        if isinstance(param, DTensor):
+            whole = self._whole_inputs(group)
+            orthogonal = orthogonal if "orthogonal" in whole else take_shard(orthogonal, param)
+            direction = prepared.matrix if "direction" in whole else direction
+            grad = gather_whole(grad, param) if "grad" in whole else grad
+        update = self._finish_update(orthogonal, param=param, state=prepared.state, group=group, grad=grad, direction=direction)
+        if isinstance(param, DTensor) and "orthogonal" in whole:
+            update = take_shard(update, param)
+        prepared.local.add_(update, alpha=-group["lr"])
 
     # ---- state dict ---------------------------------------------------------------------------
 

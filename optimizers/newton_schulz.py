@@ -67,6 +67,8 @@ from typing import Final, Literal, NamedTuple, get_args
 
 import torch
 
+from .._common import check_choice
+
 CoefficientType = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4"]
 """Named coefficient sets; upstream's ``NSCoeffT`` without ``custom``."""
 MatmulPrecision = Literal["highest", "high", "medium"]
@@ -139,7 +141,7 @@ def coefficient_schedule(coefficient_type: CoefficientType, steps: int) -> tuple
         >>> coefficient_schedule("cans", 6)[-2:] == (COEFFICIENT_SETS["cans"][-1],) * 2
         True
     """
-    _check_choice("coefficient_type", coefficient_type, get_args(CoefficientType))
+    check_choice("`coefficient_type`", coefficient_type, get_args(CoefficientType))
     _check_steps(steps)
     sets = COEFFICIENT_SETS[coefficient_type]
     endless = chain(sets, repeat(sets[-1])) if coefficient_type in REPEAT_LAST else cycle(sets)
@@ -232,8 +234,8 @@ def newton_schulz(
     """
     _check_tensor(x)
     schedule = coefficient_schedule(coefficient_type, steps)
-    _check_choice("matmul_precision", matmul_precision, get_args(MatmulPrecision))
-    _check_choice("variant", variant, get_args(Variant))
+    check_choice("`matmul_precision`", matmul_precision, get_args(MatmulPrecision))
+    check_choice("`variant`", variant, get_args(Variant))
     if not eps > 0 or eps == float("inf"):
         raise ValueError(f"`eps`: must be positive and finite; got {eps!r}; expected a float in (0, inf)")
 
@@ -452,8 +454,3 @@ def _check_steps(steps: object) -> None:
         raise TypeError(f"`steps`: must be an int; got {steps!r}; expected an integer >= 1")
     if steps < 1:
         raise ValueError(f"`steps`: must be at least 1; got {steps}; expected an integer >= 1")
-
-
-def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"`{name}`: unknown value; got {value!r}; expected one of {', '.join(map(repr, allowed))}")

@@ -21,16 +21,14 @@ import torch
 from torch.optim.adam import adam as torch_adam
 from torch.optim.optimizer import ParamsT, StateDict
 
+from .._common import PARAM_DTYPES, describe_param, fused_supported
 from ._checked import CheckedGroupsOptimizer
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
-from .registry import fused_supported
 
 MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``exp_avg`` and ``exp_avg_sq`` may be stored in (TE also offers fp8, which we lack)."""
 MASTER_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes a full master copy may be stored in."""
-PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-"""Param dtypes the optimizer takes; float64 params are computed in float64, the rest in float32."""
 
 
 def adam_update_(
@@ -80,13 +78,6 @@ def _check_dtype(name: str, dtype: object, allowed: tuple[torch.dtype, ...]) -> 
         raise TypeError(f"`{name}`: must be a torch.dtype; got {dtype!r}; expected one of {allowed}")
     if dtype not in allowed:
         raise ValueError(f"`{name}`: unsupported dtype; got {dtype}; expected one of {allowed}")
-
-
-def _where(group: dict[str, Any], group_index: int, param_index: int) -> str:
-    """``param group #g, param #i`` plus the param's name where the group carries names."""
-    names = group.get("param_names")
-    named = f" (`{names[param_index]}`)" if names else ""
-    return f"param group #{group_index}, param #{param_index}{named}"
 
 
 def _master_kind(master: torch.Tensor | None) -> str:
@@ -249,7 +240,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
             raise ValueError(f"{where}: `betas`: each must lie in [0, 1); got {betas}; expected (beta1, beta2) in [0, 1)")
         for i, param in enumerate(group["params"]):
-            self._check_param(param, _where(group, index, i))
+            self._check_param(param, describe_param(group, index, i))
         self._choose_kernel(group, where)
 
     @staticmethod
@@ -303,7 +294,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         grad: torch.Tensor | None = getattr(param, "decoupled_grad", None) if self.use_decoupled_grad else param.grad
         if grad is None:
             return
-        self._check_step_inputs(param, grad, _where(group, group_index, param_index))
+        self._check_step_inputs(param, grad, describe_param(group, group_index, param_index))
         state = self.state[param]
         if not state:
             self._init_state(param, state, group)

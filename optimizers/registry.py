@@ -1,26 +1,64 @@
 """The optimizer registry: one frozen record per algorithm, all registered in this module.
 
-A record says how to build the algorithm over torch param groups and which
-``OptimizerConfig`` fields it reads (by name: this package never imports ``optzoo``).
+A record says how to build the algorithm over torch param groups, which ``OptimizerConfig``
+fields it reads (by name: this package never imports the rest of optzoo), and the facts about it
+that the rest of optzoo acts on: whether its update is element-wise (the sharded optimizer may
+then cut a param into ranges), what one update costs (the layer-wise planner balances ranks by
+it), its family (MuP's rules), the shapes it takes and what it hands to a fallback optimizer
+(routing). Nothing outside this module compares optimizer names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 import torch
+from torch.distributed.tensor import DTensor
 
+from .._common import fused_supported
 from . import _emerging
+from .adaptive_muon import AdaptiveMuon
+from .muon import Muon
+from .newton_schulz import newton_schulz_flops
+from .precision_adam import PrecisionAwareAdam
+
+__all__ = [
+    "ELEMENTWISE_FLOPS_PER_ELEMENT",
+    "Family",
+    "OptimizerSpec",
+    "Source",
+    "fused_supported",
+    "get_spec",
+    "register",
+    "registered_names",
+    "unregister",
+]
 
 Source = Literal["torch", "emerging-optimizers", "optzoo"]
+Family = Literal["adam", "sgd", "sign", "orthogonalized", "preconditioned"]
+"""An algorithm's lineage, which decides MuP's rules (:func:`optzoo.get_mup_config_overrides`):
+``adam``, per-element adaptive (hidden lr and ``adam_eps`` scale by 1/width); ``sgd`` (the
+vector-like params' lr scales by width); ``orthogonalized``, the Muon family (the matrices it
+manages keep its own shape scaling); ``sign`` (Lion) and ``preconditioned`` (SOAP): hidden lr."""
 ParamGroups = list[dict[str, Any]]
+UpdateCost = Callable[[tuple[int, ...], Mapping[str, Any]], float]
+"""FLOPs of one update of a param of this shape, given the group's config fields (``config_fields``)."""
+
+ELEMENTWISE_FLOPS_PER_ELEMENT = 10
+"""Rough cost of one element of an element-wise update (Adam: ~10 flops), to weigh element-wise
+params against Newton–Schulz FLOPs when the layer-wise planner balances ranks."""
+
+
+def elementwise_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
+    """:data:`ELEMENTWISE_FLOPS_PER_ELEMENT` per element: the cost of an element-wise update."""
+    return float(torch.Size(shape).numel() * ELEMENTWISE_FLOPS_PER_ELEMENT)
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """How to build one algorithm from resolved per-group config fields."""
+    """How to build one algorithm from resolved per-group config fields, and the facts about it."""
 
     name: str
     """Registry name, the value of ``OptimizerConfig.optimizer``."""
@@ -28,8 +66,15 @@ class OptimizerSpec:
     """One line for ``optzoo list``."""
     source: Source
     """Where the algorithm's implementation comes from."""
+    family: Family
+    """Its lineage (see :data:`Family`): MuP reads it."""
+    elementwise: bool
+    """Each element's update depends on that element alone, so a param may be stepped in slices
+    (the sharded optimizer cuts such params into element ranges)."""
+    update_cost: UpdateCost
+    """Estimated FLOPs of one update (the layer-wise planner balances ranks by it)."""
     shapes: str
-    """Which parameter shapes it takes, e.g. ``"any"`` or ``"2-D only"``."""
+    """Which parameter shapes it takes, in words, e.g. ``"any"`` or ``"2-D only"``."""
     config_fields: tuple[str, ...]
     """Config fields it reads besides ``lr`` and ``weight_decay``."""
     instance_fields: tuple[str, ...]
@@ -47,6 +92,10 @@ class OptimizerSpec:
     """Config field naming the optimizer for the params above, e.g. ``muon_scalar_optimizer``."""
     declines_what: str = ""
     """What ``declines`` selects, in words, for explanations (e.g. "embeddings/output layers")."""
+    precision_aware: bool = False
+    """It runs under ``use_precision_aware_optimizer`` (typed master weights and moments)."""
+    scalar_fallback: bool = False
+    """It may be a matrix optimizer's fallback (``muon_scalar_optimizer``): it takes any shape."""
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
@@ -61,6 +110,12 @@ def register(spec: OptimizerSpec) -> OptimizerSpec:
         )
     _REGISTRY[spec.name] = spec
     return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a record (for tests and experiments); an unknown name lists the registered ones."""
+    get_spec(name)
+    del _REGISTRY[name]
 
 
 def registered_names() -> list[str]:
@@ -80,16 +135,6 @@ def get_spec(name: str) -> OptimizerSpec:
 
 def _all_params(groups: ParamGroups) -> list[torch.Tensor]:
     return [p for group in groups for p in group["params"]]
-
-
-def fused_supported(params: Sequence[torch.Tensor]) -> bool:
-    """Whether torch's fused kernels take these params (same check torch makes when fused=True)."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-    devices = _get_fused_kernels_supported_devices()
-    return bool(params) and all(
-        p.device.type in devices and torch.is_floating_point(p) for p in params
-    )
 
 
 class _Kernel(TypedDict, total=False):
@@ -116,8 +161,6 @@ def _build_precision_aware_adam(groups: ParamGroups, instance: Mapping[str, Any]
     16-bit params get a master copy (or, with ``store_param_remainders``, an int16 remainder);
     fp32 params are their own master. Gradients are read from ``param.decoupled_grad``.
     """
-    from .precision_adam import PrecisionAwareAdam
-
     sixteen_bit = [p for p in _all_params(groups) if p.dtype in (torch.float16, torch.bfloat16)]
     return PrecisionAwareAdam(
         groups,
@@ -139,6 +182,9 @@ register(
             "optzoo's PrecisionAwareAdam under use_precision_aware_optimizer)"
         ),
         source="torch",
+        family="adam",
+        elementwise=True,
+        update_cost=elementwise_cost,
         shapes="any",
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "decoupled_weight_decay",
@@ -151,6 +197,8 @@ register(
         ),  # fmt: skip
         group_options=lambda c: {"betas": (c["adam_beta1"], c["adam_beta2"]), "eps": c["adam_eps"]},
         build=_build_adam,
+        precision_aware=True,
+        scalar_fallback=True,
     )
 )
 
@@ -159,6 +207,9 @@ register(
         name="sgd",
         description="SGD with momentum and L2 weight decay (torch.optim, fused where supported)",
         source="torch",
+        family="sgd",
+        elementwise=True,
+        update_cost=elementwise_cost,
         shapes="any",
         config_fields=("sgd_momentum",),
         instance_fields=(),
@@ -172,11 +223,15 @@ register(
         name="lion",
         description="Lion: sign of interpolated momentum, decoupled weight decay (Chen et al., 2023)",
         source="emerging-optimizers",
+        family="sign",
+        elementwise=True,
+        update_cost=elementwise_cost,
         shapes="any",
         config_fields=("lion_beta1", "lion_beta2"),
         instance_fields=(),
         group_options=lambda c: {"betas": (c["lion_beta1"], c["lion_beta2"])},
         build=lambda groups, _: _emerging.lion(groups),
+        scalar_fallback=True,
     )
 )
 
@@ -204,8 +259,6 @@ def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim
 
 def _refuse_dtensors(groups: ParamGroups, name: str) -> None:
     """Raise for FSDP2-sharded (DTensor) params: a preconditioner built from a shard is wrong, not slow."""
-    from torch.distributed.tensor import DTensor
-
     for group_index, group in enumerate(groups):
         names = group.get("param_names")
         for param_index, param in enumerate(group["params"]):
@@ -219,11 +272,31 @@ def _refuse_dtensors(groups: ParamGroups, name: str) -> None:
                 )
 
 
+def soap_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
+    """One eigenbasis refresh of both Kronecker factors (``~10·(m³ + n³)``) plus the factor updates
+    and rotations (``~4·m·n·(m + n)``)."""
+    if len(shape) != 2:
+        return elementwise_cost(shape, fields)
+    rows, cols = shape
+    return float(10 * (rows**3 + cols**3) + 4 * rows * cols * (rows + cols))
+
+
+def newton_schulz_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
+    """Newton–Schulz FLOPs of the cheaper variant (:func:`~optzoo.optimizers.newton_schulz.newton_schulz_flops`)."""
+    if len(shape) != 2:
+        return elementwise_cost(shape, fields)
+    rows, cols = shape
+    steps = fields["muon_num_ns_steps"]
+    return float(min(newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")))
+
+
 def _matrix_only(
     *,
     name: str,
     description: str,
     source: Source,
+    family: Family,
+    update_cost: UpdateCost,
     config_fields: tuple[str, ...],
     instance_fields: tuple[str, ...],
     group_options: Callable[[Mapping[str, Any]], dict[str, Any]],
@@ -235,6 +308,9 @@ def _matrix_only(
         name=name,
         description=description,
         source=source,
+        family=family,
+        elementwise=False,
+        update_cost=update_cost,
         shapes="2-D only",
         config_fields=config_fields,
         instance_fields=instance_fields,
@@ -252,6 +328,8 @@ register(
         name="soap",
         description="SOAP: Adam in Shampoo's eigenbasis (Vyas et al., 2024); other params -> muon_scalar_optimizer",
         source="emerging-optimizers",
+        family="preconditioned",
+        update_cost=soap_cost,
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
             "soap_use_kl_shampoo", "muon_scalar_optimizer",
@@ -281,27 +359,17 @@ def _muon_options(c: Mapping[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _build_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    from .muon import Muon
-
-    return Muon(groups)
-
-
-def _build_adaptive_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    from .adaptive_muon import AdaptiveMuon
-
-    return AdaptiveMuon(groups)
-
-
 register(
     _matrix_only(
         name="muon",
         description="Muon: momentum orthogonalised by batched Newton-Schulz (optzoo); other params -> muon_scalar_optimizer",
         source="optzoo",
+        family="orthogonalized",
+        update_cost=newton_schulz_cost,
         config_fields=_MUON_FIELDS,
         instance_fields=(),
         group_options=_muon_options,
-        build=_build_muon,
+        build=lambda groups, _: Muon(groups),
     )
 )
 
@@ -310,12 +378,14 @@ register(
         name="adaptive_muon",
         description="Adaptive Muon: Muon with a second moment (adamuon/normuon/namo) after orthogonalisation (optzoo)",
         source="optzoo",
+        family="orthogonalized",
+        update_cost=newton_schulz_cost,
         config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
         instance_fields=(),
         group_options=lambda c: {
             **_muon_options(c), "moment2_method": c["adaptive_muon_moment2_method"],
             "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
         },  # fmt: skip
-        build=_build_adaptive_muon,
+        build=lambda groups, _: AdaptiveMuon(groups),
     )
 )

@@ -1,19 +1,14 @@
 """optzoo: a zoo of PyTorch optimizers with Megatron-Core-style parameter-group routing."""
 
-from optzoo.optimizers.registry import OptimizerSpec, register, registered_names
+import warnings as _warnings
+from typing import Any as _Any
+
 from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
 from optzoo.config_file import dump_recipe, load_recipe, parse_recipe, recipe_from_overrides, shipped_recipes
-from optzoo.factory import get_optimizer, make_grad_scaler
-from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_groups
+from optzoo.factory import get_optimizer
+from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_group_configs
 from optzoo.mup import get_mup_config_overrides
-from optzoo.optimizer import (
-    ChainedOptimizer,
-    Float16OptimizerWithFloat16Params,
-    FP32Optimizer,
-    MixedPrecisionOptimizer,
-)
-from optzoo.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
-from optzoo.scheduler import OptimizerParamScheduler
+from optzoo.optimizers.registry import OptimizerSpec, register, registered_names
 from optzoo.routing import (
     ParamKey,
     ParamPredicate,
@@ -25,10 +20,19 @@ from optzoo.routing import (
     resolve_param_groups,
     unregister_predicate,
 )
+from optzoo.scheduler import OptimizerParamScheduler
+from optzoo.wrapper import (
+    ConstantGradScaler,
+    DynamicGradScaler,
+    Float16OptimizerWithFloat16Params,
+    FP32Optimizer,
+    MegatronGradScaler,
+    MixedPrecisionOptimizer,
+    make_grad_scaler,
+)
 
 __all__ = [
     "AdamOptimizerConfig",
-    "ChainedOptimizer",
     "ConstantGradScaler",
     "DynamicGradScaler",
     "FP32Optimizer",
@@ -48,17 +52,34 @@ __all__ = [
     "get_mup_config_overrides",
     "get_optimizer",
     "get_predicate",
+    "get_standard_config_overrides",
     "load_recipe",
     "make_grad_scaler",
-    "get_standard_config_overrides",
     "parse_recipe",
     "recipe_from_overrides",
     "register",
     "register_predicate",
     "registered_names",
     "registered_predicates",
-    "resolve_groups",
+    "resolve_group_configs",
     "resolve_param_groups",
     "shipped_recipes",
     "unregister_predicate",
 ]
+
+_DEPRECATED = {
+    "ChainedOptimizer": (
+        "MixedPrecisionOptimizer",
+        "it was an alias of MixedPrecisionOptimizer, while Megatron-Core's ChainedOptimizer chains several optimizers",
+    ),
+    "resolve_groups": ("resolve_group_configs", "renamed: it resolves each group's config, beside routing's resolve_param_groups"),
+}
+
+
+def __getattr__(name: str) -> _Any:
+    """Old names that still work, with a ``DeprecationWarning`` naming the new one."""
+    if name in _DEPRECATED:
+        new, why = _DEPRECATED[name]
+        _warnings.warn(f"`optzoo.{name}`: deprecated ({why}); use `optzoo.{new}`", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'optzoo' has no attribute {name!r}")

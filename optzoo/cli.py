@@ -1,29 +1,37 @@
-"""The ``optzoo`` command line: ``list``, ``dump-param-groups``, ``demo`` and ``bench``."""
+"""The ``optzoo`` command line: ``list``, ``dump-param-groups`` and ``demo``."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import json
-import math
 import sys
 import tomllib
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from tabulate import tabulate
 
-from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
-from optzoo.distributed import Mode, Shard, ShardingPlan, plan_shards
-from optzoo.factory import param_group_map
-from optzoo.groups import ResolvedGroup, _jsonable, qualified_names, resolve_groups
+from optzoo.distributed.plan import Mode, plan_shards
+from optzoo.groups import resolve_group_configs
 from optzoo.models import BUILTIN_MODELS, build_model
-from optzoo.routing import Routing
+from optzoo.reporting import (
+    GROUP_HEADERS,
+    OPTIMIZER_HEADERS,
+    RANK_HEADERS,
+    explain_rows,
+    format_gflop,
+    group_rows,
+    optimizer_rows,
+    owner_shards,
+    owner_text,
+    param_group_map,
+    rank_rows,
+)
+
+__all__ = ["build_parser", "main"]
 
 DEFAULT_LR = 1e-3
 """lr of the config ``dump-param-groups`` uses when no ``--config`` is given."""
@@ -35,26 +43,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"optzoo: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _list_rows() -> list[dict[str, Any]]:
-    defaults = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)}
-    rows = []
-    for name in registered_names():
-        spec = get_spec(name)
-        fields = ("lr", "weight_decay", *spec.config_fields)
-        rows.append(
-            {
-                "name": name,
-                "source": spec.source,
-                "shapes": spec.shapes,
-                "fields": {f: _jsonable(defaults[f]) for f in fields},
-                "description": spec.description,
-            }
-        )
-    return rows
-
-
 def _cmd_list(args: argparse.Namespace) -> int:
-    rows = _list_rows()
+    rows = optimizer_rows()
     if args.format == "json":
         print(json.dumps(rows, indent=2))
         return 0
@@ -62,88 +52,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         (r["name"], r["source"], r["shapes"], "\n".join(f"{k}={v}" for k, v in r["fields"].items()), r["description"])
         for r in rows
     ]
-    print(tabulate(table, headers=["name", "source", "shapes", "config fields (defaults)", "description"], tablefmt="simple_grid"))
+    print(tabulate(table, headers=OPTIMIZER_HEADERS, tablefmt="simple_grid"))
     return 0
-
-
-def _format_value(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def group_rows(groups: Sequence[ResolvedGroup]) -> list[list[Any]]:
-    """One row per group: index, optimizer, lr, weight decay, other overrides, counts."""
-    rows = []
-    for group in groups:
-        others = {k: v for k, v in group.override.items() if k not in ("optimizer", "lr", "max_lr", "weight_decay", "wd_mult")}
-        rows.append(
-            [
-                group.index,
-                group.optimizer,
-                _format_value(group.lr),
-                _format_value(group.weight_decay),
-                ", ".join(f"{k}={_format_value(v)}" for k, v in others.items()) or "-",
-                len(group.params),
-                sum(p.param.numel() for p in group.params),
-            ]
-        )
-    return rows
-
-
-GROUP_HEADERS = ["group", "optimizer", "lr", "weight_decay", "other overrides", "params", "elements"]
-
-
-def explain_rows(groups: Sequence[ResolvedGroup], routing: Routing, num_chunks: int) -> list[list[Any]]:
-    """One row per parameter name: name, group, shape, the rules that matched it."""
-    rows = []
-    for group in groups:
-        for routed in group.params:
-            reasons = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
-            if group.auto_routed:
-                reasons.append(group.auto_routed)
-            for name in qualified_names(routed, num_chunks):
-                rows.append([name, group.index, "x".join(map(str, routed.param.shape)) or "scalar", "; ".join(reasons) or "-"])
-    return rows
-
-
-def _owner_text(shards: Sequence[Shard]) -> str:
-    """``1`` for a param one rank owns whole; ``0[0:44] 1[44:64]`` for one split into ranges."""
-    if len(shards) == 1 and shards[0].whole:
-        return str(shards[0].rank)
-    return " ".join(f"{s.rank}[{s.start}:{s.stop}]" for s in shards)
-
-
-def owner_shards(groups: Sequence[ResolvedGroup], plan: ShardingPlan, num_chunks: int) -> dict[str, list[Shard]]:
-    """``{name: shards}`` for every parameter name, tied names included (they share the shards)."""
-    by_canonical: dict[str, list[Shard]] = {}
-    for shard in plan.shards:
-        by_canonical.setdefault(shard.name, []).append(shard)
-    result: dict[str, list[Shard]] = {}
-    for group in groups:
-        for routed, canonical in zip(group.params, group.param_names):
-            for name in qualified_names(routed, num_chunks):
-                result[name] = by_canonical[canonical]
-    return result
-
-
-def rank_rows(plan: ShardingPlan) -> list[dict[str, Any]]:
-    """Per rank: params it holds (a split param counts on each of its ranks), state elements, load."""
-    loads, elements = plan.loads(), plan.state_elements()
-    total = sum(loads)
-    counts = [len({(s.group, s.index) for s in plan.owned(rank)}) for rank in range(plan.world_size)]
-    return [
-        {"rank": rank, "params": counts[rank], "state_elements": elements[rank], "load_flops": loads[rank],
-         "share": loads[rank] / total if total else 0.0}
-        for rank in range(plan.world_size)
-    ]  # fmt: skip
-
-
-def _gflop(flops: float) -> str:
-    """GFLOP to 4 significant digits without an exponent (loads span 1e-3 to 1e4 GFLOP)."""
-    gflop = flops / 1e9
-    return f"{gflop:.{max(0, 3 - math.floor(math.log10(gflop)))}f}" if gflop > 0 else "0"
-
-
-RANK_HEADERS = ["rank", "params owned", "state elements", "load (GFLOP/step)", "share (%)"]
 
 
 def _distributed_mode(args: argparse.Namespace, config: OptimizerConfig) -> Mode:
@@ -179,14 +89,14 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     chunks = model if isinstance(model, list) else [model]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        groups, routing = resolve_groups(config, chunks, overrides, strict=args.strict)
+        groups, routing = resolve_group_configs(config, chunks, overrides, strict=args.strict)
     for warning in caught:
         print(f"optzoo: warning: {warning.message}", file=sys.stderr)
     # The plan every rank of get_optimizer would compute: it needs only shapes, so meta is enough.
     plan = None if args.world_size is None else plan_shards(groups, args.world_size, _distributed_mode(args, config))
-    owners = {} if plan is None else owner_shards(groups, plan, len(chunks))
+    owners = {} if plan is None else owner_shards(groups, plan)
     if args.format == "json":
-        document = param_group_map(groups, routing, len(chunks))
+        document = param_group_map(groups, routing)
         if not args.explain:
             document.pop("matched_rules")
         for group in document["groups"]:
@@ -202,16 +112,16 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         return 0
     print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
     if args.explain or plan is not None:
-        rows = explain_rows(groups, routing, len(chunks))
+        rows = explain_rows(groups, routing)
         headers = ["parameter", "group", "shape", "matched rules"]
         if not args.explain:
             rows, headers = [row[:3] for row in rows], headers[:3]
         if plan is not None:
-            rows, headers = [[*row, _owner_text(owners[row[0]])] for row in rows], [*headers, "owner"]
+            rows, headers = [[*row, owner_text(owners[row[0]])] for row in rows], [*headers, "owner"]
         print()
         print(tabulate(rows, headers=headers, tablefmt="simple"))
     if plan is not None:
-        table = [[r["rank"], r["params"], r["state_elements"], _gflop(r["load_flops"]), 100 * r["share"]] for r in rank_rows(plan)]
+        table = [[r["rank"], r["params"], r["state_elements"], format_gflop(r["load_flops"]), 100 * r["share"]] for r in rank_rows(plan)]
         print()
         print(f"{plan.mode} plan over {plan.world_size} rank{'s' if plan.world_size > 1 else ''}:")
         print(tabulate(table, headers=RANK_HEADERS, tablefmt="simple", floatfmt=".1f", disable_numparse=[3], colalign=("right",) * 5))
@@ -222,29 +132,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from optzoo.demo import run_demo
 
     run_demo(steps=args.steps)
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    # The suite is the repository's benchmarks/compare.py: the wheel does not ship benchmarks/, and
-    # optzoo must not depend on it. An editable install maps only the three packages, so look for
-    # the checkout next to this package (or in the working directory) and import the suite from it.
-    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (root / "benchmarks" / "compare.py").is_file():
-            if str(root) not in sys.path:
-                sys.path.insert(0, str(root))
-            break
-    try:
-        compare = importlib.import_module("benchmarks.compare")
-    except ModuleNotFoundError as error:
-        if error.name not in ("benchmarks", "benchmarks.compare"):
-            raise
-        raise ImportError(
-            "`optzoo bench`: the suite is benchmarks/compare.py of the source repository, which the installed "
-            f"package does not ship; got no module {error.name!r}; expected optzoo installed from a checkout "
-            "(`pip install -e .`) or the checkout's root as the working directory"
-        ) from None
-    compare.run_suite(device=args.device, out=args.out, quick=args.quick)
     return 0
 
 
@@ -279,13 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=120)
     demo.set_defaults(run=_cmd_demo)
 
-    bench = commands.add_parser(
-        "bench", help="the comparison suite: step time, Newton-Schulz, memory, convergence; tables, JSON and PNG plots"
-    )
-    bench.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    bench.add_argument("--out", help="folder for results.json and the plots (default: benchmarks/results/)")
-    bench.add_argument("--quick", action="store_true", help="toy sizes: the whole pipeline in seconds, numbers meaningless")
-    bench.set_defaults(run=_cmd_bench)
     return parser
 
 

@@ -15,15 +15,15 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from optzoo._common import invalid
 from optzoo.optimizers.adaptive_muon import Moment2Method
 from optzoo.optimizers.muon import ScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision
-from optzoo.optimizers.registry import registered_names
+from optzoo.optimizers.registry import get_spec, registered_names
 
 MuonScaleMode = ScaleMode
 MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
-MuonScalarOptimizer = Literal["adam", "lion"]
 MuonMatmulPrecision = MatmulPrecision
 AdaptiveMuonMoment2Method = Moment2Method
 
@@ -47,7 +47,7 @@ _FP32 = torch.float32
 
 
 def _fail(field: str, problem: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"`OptimizerConfig.{field}`: {problem}; got {value!r}; expected {expected}")
+    return invalid(f"OptimizerConfig.{field}", problem, repr(value), expected)
 
 
 def _wrong_type(field: str, value: Any, expected: str) -> TypeError:
@@ -247,17 +247,19 @@ class OptimizerConfig:
         names = registered_names()
         if self.optimizer not in names:
             raise _fail("optimizer", "unknown optimizer", self.optimizer, f"one of {names}")
-        for field, alias in (
-            ("muon_scale_mode", MuonScaleMode),
-            ("muon_coefficient_type", MuonCoefficientType),
-            ("muon_tp_mode", MuonTPMode),
-            ("muon_scalar_optimizer", MuonScalarOptimizer),
-            ("muon_fp32_matmul_prec", MuonMatmulPrecision),
-            ("adaptive_muon_moment2_method", AdaptiveMuonMoment2Method),
+        # A matrix optimizer's fallback must take every shape: the registry says which do.
+        scalar = tuple(name for name in names if get_spec(name).scalar_fallback)
+        for field, allowed in (
+            ("muon_scale_mode", get_args(MuonScaleMode)),
+            ("muon_coefficient_type", get_args(MuonCoefficientType)),
+            ("muon_tp_mode", get_args(MuonTPMode)),
+            ("muon_scalar_optimizer", scalar),
+            ("muon_fp32_matmul_prec", get_args(MuonMatmulPrecision)),
+            ("adaptive_muon_moment2_method", get_args(AdaptiveMuonMoment2Method)),
         ):
             value = getattr(self, field)
-            if value not in get_args(alias):
-                raise _fail(field, "unknown value", value, f"one of {list(get_args(alias))}")
+            if value not in allowed:
+                raise _fail(field, "unknown value", value, f"one of {list(allowed)}")
 
     def _check_ranges(self) -> None:
         for field in (
@@ -313,8 +315,12 @@ class OptimizerConfig:
 
     def _check_precision_aware(self) -> None:
         """Megatron-Core's precision-aware optimizer is Adam with typed state (no TE needed here)."""
-        if self.optimizer != "adam":
-            raise _fail("optimizer", "use_precision_aware_optimizer supports adam only", self.optimizer, "'adam'")
+        supported = [name for name in registered_names() if get_spec(name).precision_aware]
+        if self.optimizer not in supported:
+            raise _fail(
+                "optimizer", f"use_precision_aware_optimizer supports {' and '.join(supported)} only", self.optimizer,
+                " or ".join(map(repr, supported)),
+            )
         for field, allowed in _PRECISION_AWARE_DTYPES.items():
             value = getattr(self, field)
             if value not in allowed:

@@ -16,12 +16,14 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from optzoo.cli import GROUP_HEADERS, group_rows
 from optzoo.config import OptimizerConfig
 from optzoo.factory import get_optimizer
-from optzoo.groups import get_standard_config_overrides, resolve_groups
+from optzoo.groups import get_standard_config_overrides, resolve_group_configs
 from optzoo.models import GPT, GPTConfig
+from optzoo.reporting import GROUP_HEADERS, group_rows
 from optzoo.routing import ParamKey
+
+__all__ = ["RUNS", "demo_routing", "muon_routing", "run_demo", "stdlib_bytes"]
 
 
 def stdlib_bytes(limit: int = 4_000_000) -> torch.Tensor:
@@ -105,7 +107,7 @@ def run_demo(*, steps: int = 120, batch_size: int = 16, seq_len: int = 128, seed
           f"{len(data):,} bytes of the standard library ({torch.get_num_threads()} threads)")
     for name in ("AdamW + Lion (routed)", "Muon + AdamW"):
         config, routing = RUNS[name]
-        groups, _ = resolve_groups(config, model, routing(config))
+        groups, _ = resolve_group_configs(config, model, routing(config))
         print(f"\nparameter groups, {name}:")
         print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
 

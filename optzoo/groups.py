@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from optzoo.optimizers.registry import get_spec
+from optzoo._common import jsonable
 from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
+from optzoo.optimizers.registry import get_spec
 from optzoo.routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
 OverrideValue = Mapping[str, Any] | OptimizerConfig
@@ -101,6 +102,9 @@ class ResolvedGroup:
     params: tuple[RoutedParam, ...]
     param_names: tuple[str, ...]
     """Unique names (chunk-qualified when there are several chunks), parallel to ``params``."""
+    all_names: tuple[tuple[str, ...], ...]
+    """Every name of each param, parallel to ``params``: a tied weight has several, the first
+    being its ``param_names`` entry."""
     start_wd: float | None = None
     """Start of a scheduler's weight-decay ramp for this group: the override's ``start_wd``, else
     its ``weight_decay`` when it sets one; ``None`` (no such override, as in Megatron-Core): the
@@ -114,18 +118,18 @@ class ResolvedGroup:
     def optimizer(self) -> str:
         return self.config.optimizer
 
-    def torch_param_group(self, params: list[torch.Tensor] | None = None) -> dict[str, Any]:
+    def torch_param_group(self, params: list[torch.Tensor] | None = None, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The dict handed to the torch optimizer: hyperparameters plus schedule metadata.
 
         Args:
-            params: The tensors to step (main params), parallel to ``self.params``; default
-                the model params themselves.
+            params: The tensors to step (main params); default the model params themselves.
+            names: Their names, parallel to ``params``; default ``self.param_names``.
         """
         spec = get_spec(self.optimizer)
         values = {name: getattr(self.config, name) for name in spec.config_fields}
         group = {
             "params": params if params is not None else [routed.param for routed in self.params],
-            "param_names": list(self.param_names),
+            "param_names": list(names if names is not None else self.param_names),
             "lr": self.lr,
             "weight_decay": self.weight_decay,
             **spec.group_options(values),
@@ -150,25 +154,15 @@ class ResolvedGroup:
             "min_lr": self.min_lr,
             "weight_decay": self.weight_decay,
             "wd_mult": self.wd_mult,
-            "override": {k: _jsonable(v) for k, v in self.override.items()},
+            "override": {k: jsonable(v) for k, v in self.override.items()},
             "auto_routed": self.auto_routed,
             "num_params": len(self.params),
             "num_elements": sum(routed.param.numel() for routed in self.params),
             "config": {
-                f.name: _jsonable(getattr(self.config, f.name))
+                f.name: jsonable(getattr(self.config, f.name))
                 for f in dataclasses.fields(self.config)
             },
         }
-
-
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    return repr(value)
 
 
 def qualified_names(routed: RoutedParam, num_chunks: int) -> tuple[str, ...]:
@@ -193,7 +187,7 @@ def _warn_if_decoupled_lr_is_unused(config: OptimizerConfig, overrides: Mapping[
     )
 
 
-def resolve_groups(
+def resolve_group_configs(
     config: OptimizerConfig,
     model_chunks: Sequence[torch.nn.Module] | torch.nn.Module,
     config_overrides: Mapping[ParamKey, OverrideValue] | None = None,
@@ -222,12 +216,12 @@ def resolve_groups(
             group_config = config.replace(**config_fields)
         except ValueError as error:
             raise ValueError(f"{subject}: {error}") from None
-        for part_config, part_params, reason in _split_by_shape(group_config, group.params, override, routing, len(chunks)):
+        for part_config, part_params, reason in _hand_off_to_fallback(group_config, group.params, override, routing, len(chunks)):
             resolved.append(_resolve_one(len(resolved), part_config, override, part_params, reason, subject, len(chunks)))
     return resolved, routing
 
 
-def _split_by_shape(
+def _hand_off_to_fallback(
     config: OptimizerConfig,
     params: tuple[RoutedParam, ...],
     override: Mapping[str, Any],
@@ -309,6 +303,7 @@ def _resolve_one(
         wd_mult=wd_mult,
         params=params,
         param_names=tuple(qualified_names(p, num_chunks)[0] for p in params),
+        all_names=tuple(qualified_names(p, num_chunks) for p in params),
         start_wd=_wd_bound(override, "start_wd"),
         end_wd=_wd_bound(override, "end_wd"),
         auto_routed=auto_routed,

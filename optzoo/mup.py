@@ -12,8 +12,8 @@ import math
 import warnings
 from typing import Any
 
-from optzoo.optimizers.registry import registered_names
 from optzoo.config import OptimizerConfig
+from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import ParamKey, ParamPredicate, ParamWithNamePredicate, get_predicate
 
 
@@ -41,14 +41,16 @@ def get_mup_config_overrides(
       ``shared_embedding`` truthy, else attribute ``is_embedding_parameter`` when present, else
       ``"embedding"`` in its lower-cased name (predicate ``is_mup_vector_like``); every other
       parameter is **hidden** (matrix-like), the output layer included;
-    * **Adam** (``adam``): hidden params get ``max_lr = lr / m`` (``lr * (1 / m)``, Megatron's
+    The rules follow the optimizer's family in its registry record (``OptimizerSpec.family``):
+
+    * **Adam family** (``adam``): hidden params get ``max_lr = lr / m`` (``lr * (1 / m)``, Megatron's
       arithmetic), ``min_lr = min_lr / m`` when ``config.min_lr`` is set, and
       ``adam_eps = adam_eps / m``; vector-like params keep the base values;
-    * **SGD** (``sgd``): vector-like params get ``max_lr = lr * m`` (and ``min_lr * m``);
+    * **SGD family** (``sgd``): vector-like params get ``max_lr = lr * m`` (and ``min_lr * m``);
       hidden params keep the base lr; no eps change;
-    * **any other optimizer** (``lion``, ``soap``, ``muon``, ``adaptive_muon``): hidden params
-      get the lr and min_lr above, no eps change; for the Muon family (name containing
-      ``muon``) the matrices Muon manages itself (predicate ``is_muon_matrix``: 2-D, not tagged
+    * **any other family** (``lion``, ``soap``, ``muon``, ``adaptive_muon``): hidden params
+      get the lr and min_lr above, no eps change; for the ``orthogonalized`` family (``muon``,
+      ``adaptive_muon``) the matrices Muon manages itself (predicate ``is_muon_matrix``: 2-D, not tagged
       ``is_embedding_or_output_parameter``, ``use_muon`` not False) are left out, since Muon
       already scales its update by the matrix shape (``muon_scale_mode``);
     * with ``config.decoupled_lr`` set, parameters tagged ``is_embedding_or_output_parameter``
@@ -107,8 +109,8 @@ def get_mup_config_overrides(
         )
     if mup_width_mult == 1.0:
         return {}
-    kind = optimizer.lower()
-    is_sgd, is_adam, is_muon = kind == "sgd", "adam" in kind, "muon" in kind
+    family = get_spec(optimizer).family
+    is_sgd, is_adam, is_muon = family == "sgd", family == "adam", family == "orthogonalized"
     decoupled = config.decoupled_lr is not None
     if decoupled:
         warnings.warn(

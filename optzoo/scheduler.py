@@ -26,6 +26,8 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from optzoo._common import invalid
+
 logger = logging.getLogger(__name__)
 
 LrDecayStyle = Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"]
@@ -53,7 +55,7 @@ _WD_KEYS: tuple[str, ...] = ("start_wd", "end_wd", "wd_incr_steps", "wd_incr_sty
 
 
 def _fail(name: str, problem: str, got: str, expected: str) -> ValueError:
-    return ValueError(f"`OptimizerParamScheduler.{name}`: {problem}; got {got}; expected {expected}")
+    return invalid(f"OptimizerParamScheduler.{name}", problem, got, expected)
 
 
 def lr_at(

@@ -144,7 +144,7 @@ class ParamKey:
         object.__setattr__(self, "_name_predicates", _as_tuple(self.with_name_predicate))
 
     def _has_include(self) -> bool:
-        return any(_as_tuple(getattr(self, f)) for f in _INCLUDE_FIELDS)
+        return any(_as_tuple(getattr(self, f)) for f in INCLUDE_FIELDS)
 
     def matches(self, param: torch.Tensor, param_name: str) -> bool:
         """Whether ``param``, known as ``param_name``, is selected by this key."""
@@ -178,7 +178,7 @@ class ParamKey:
     def describe(self) -> str:
         """A short, stable description listing only the fields that are set."""
         parts = []
-        for field_name in _INCLUDE_FIELDS:
+        for field_name in INCLUDE_FIELDS:
             entries = _as_tuple(getattr(self, field_name))
             if not entries:
                 continue
@@ -190,5 +190,6 @@ class ParamKey:
         return ", ".join(parts) if parts else "<empty>"
 
 
-_INCLUDE_FIELDS = ("name", "attr", "predicate", "with_name_predicate")
+INCLUDE_FIELDS: tuple[str, ...] = ("name", "attr", "predicate", "with_name_predicate")
+"""The fields of a ``ParamKey`` that select params (``exclude`` takes them back out)."""
 """The ``ParamKey`` fields that select parameters (everything but ``exclude``)."""

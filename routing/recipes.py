@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .keys import ParamKey, ParamWithNamePredicate
+from .keys import INCLUDE_FIELDS, ParamKey, ParamWithNamePredicate
 from .predicates import (
     Predicate,
     is_registered,
@@ -28,8 +28,7 @@ from .predicates import (
     registered_predicates,
 )
 
-_INCLUDE = ("name", "attr", "predicate", "with_name_predicate")
-KEY_FIELDS: tuple[str, ...] = _INCLUDE + tuple(f"exclude_{field}" for field in _INCLUDE)
+KEY_FIELDS: tuple[str, ...] = INCLUDE_FIELDS + tuple(f"exclude_{field}" for field in INCLUDE_FIELDS)
 """The fields of an entry that make its ``ParamKey``, in the order they are written."""
 ENTRY_FIELDS: tuple[str, ...] = KEY_FIELDS + ("set",)
 """Every field an ``[[overrides]]`` entry may have."""
@@ -62,7 +61,7 @@ def _predicate_name(key: ParamKey, predicate: Predicate) -> str:
 def _key_fields(key: ParamKey, prefix: str, owner: ParamKey) -> Entry:
     """The include fields of ``key`` (``owner`` itself, or its exclude key) with ``prefix``."""
     entry: Entry = {}
-    for field in _INCLUDE:
+    for field in INCLUDE_FIELDS:
         value = getattr(key, field)
         if isinstance(value, tuple):
             if value:

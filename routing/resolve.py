@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._common import shorten
 from .keys import ParamKey
 
 Override = Mapping[str, Any]
@@ -98,11 +99,6 @@ def _freeze(value: Any) -> Hashable:
     except TypeError:
         return ("repr", repr(value))
     return value  # type: ignore[no-any-return]
-
-
-def _shorten(items: Sequence[str], limit: int = 10) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
 def named_trainable_parameters(
@@ -241,7 +237,7 @@ def resolve_param_groups(
         message = (
             "config_overrides: "
             + "; ".join(f"rule #{i} {keys[i].describe()} matched no parameter" for i in unmatched)
-            + f"; parameters are: {_shorten(all_names)}"
+            + f"; parameters are: {shorten(all_names)}"
         )
         if strict:
             raise ValueError(message + "; expected every rule to match (strict=True)")

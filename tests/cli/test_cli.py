@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from optzoo.optimizers.registry import get_spec, registered_names
-from optzoo import OptimizerConfig, resolve_groups
+from optzoo import OptimizerConfig, resolve_group_configs
 from optzoo.cli import main
 from optzoo.distributed import plan_shards
 from optzoo.models import GPT, GPTConfig
@@ -835,7 +835,7 @@ def test_plan_on_the_meta_device_equals_plan_shards_on_real_tensors(
 ) -> None:
     """The CLI plans on the meta device; param_cost reads only shapes, so real tensors agree."""
     config = write_file(tmp_path, "muon.toml", '[config]\nlr = 1e-3\noptimizer = "muon"\n')
-    groups, _ = resolve_groups(OptimizerConfig(lr=1e-3, optimizer="muon"), [GPT(GPTConfig())], None)
+    groups, _ = resolve_group_configs(OptimizerConfig(lr=1e-3, optimizer="muon"), [GPT(GPTConfig())], None)
     for mode in ("layer_wise", "sharded"):
         plan = plan_shards(groups, 3, mode)
         document = plan_json(capsys, "--config", config, "--world-size", "3", "--distributed-mode", mode)

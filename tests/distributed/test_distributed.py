@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from optzoo import OptimizerConfig, get_optimizer, resolve_groups
+from optzoo import OptimizerConfig, get_optimizer, resolve_group_configs
 from optzoo.distributed import DistributedOptimizer, load_dcp, plan_shards, save_dcp
 from tests.conftest import tiny_gpt
 from tests.distributed.harness import run_ranks
@@ -59,7 +59,7 @@ def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state plus fp32 main copies held by this rank."""
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
-    mains = [pair.main for pair in optimizer._pairs() if not pair.aliased]  # type: ignore[attr-defined]
+    mains = [entry.main for entry in optimizer.param_map.local if not entry.aliased]  # type: ignore[attr-defined]
     return state + sum(t.numel() * t.element_size() for t in mains)
 
 
@@ -132,7 +132,7 @@ def assert_params_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.
 
 
 def test_layer_wise_plan_balances_newton_schulz_cost_and_covers_every_param_once() -> None:
-    groups, _ = resolve_groups(OptimizerConfig(**MUON), [build()], None)
+    groups, _ = resolve_group_configs(OptimizerConfig(**MUON), [build()], None)
     plan = plan_shards(groups, 2, "layer_wise")
     names = [n for g in groups for n in g.param_names]
     assert sorted(s.name for s in plan.shards) == sorted(names)
@@ -145,7 +145,7 @@ def test_layer_wise_plan_balances_newton_schulz_cost_and_covers_every_param_once
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_sharded_plan_splits_element_wise_params_evenly(world: int) -> None:
-    groups, _ = resolve_groups(OptimizerConfig(**ADAM), [build()], None)
+    groups, _ = resolve_group_configs(OptimizerConfig(**ADAM), [build()], None)
     plan = plan_shards(groups, world, "sharded")
     total = sum(r.param.numel() for g in groups for r in g.params)
     assert plan.state_elements() == [total * (r + 1) // world - total * r // world for r in range(world)]
@@ -157,7 +157,7 @@ def test_sharded_plan_splits_element_wise_params_evenly(world: int) -> None:
 
 
 def test_bad_plan_mode_and_a_plain_optimizer_for_dcp_are_refused() -> None:
-    groups, _ = resolve_groups(OptimizerConfig(**ADAM), [build()], None)
+    groups, _ = resolve_group_configs(OptimizerConfig(**ADAM), [build()], None)
     with pytest.raises(ValueError, match=r"^`mode`: unknown value; got 'zero'; expected 'layer_wise' or 'sharded'$"):
         plan_shards(groups, 2, "zero")  # type: ignore[arg-type]
     plain = get_optimizer(OptimizerConfig(**ADAM), build())

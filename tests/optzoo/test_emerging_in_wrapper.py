@@ -29,9 +29,8 @@ def test_trains_with_16_bit_params_and_fp32_main_params(name: str, precision: st
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
-    for group, models in zip(opt.param_groups, opt._model_params):
-        for main, param in zip(group["params"], models):
-            assert torch.equal(param, main.to(dtype))
+    for entry in opt.param_map.local:
+        assert torch.equal(entry.model, entry.main.to(dtype))
 
 
 @pytest.mark.parametrize("name", NAMES)

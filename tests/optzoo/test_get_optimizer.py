@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from optzoo import ChainedOptimizer, OptimizerConfig, ParamKey, RoutingConflictError, get_optimizer
+from optzoo import MixedPrecisionOptimizer, OptimizerConfig, ParamKey, RoutingConflictError, get_optimizer
 from tests.conftest import tiny_gpt
 
 BASE = OptimizerConfig(lr=1e-3, weight_decay=0.1)
@@ -20,7 +20,7 @@ def _group_of(opt: torch.optim.Optimizer, name: str) -> dict[str, object]:
 
 def test_returns_a_real_torch_optimizer_whose_groups_are_the_inner_groups(gpt: torch.nn.Module) -> None:
     opt = get_optimizer(BASE, gpt, {ParamKey(name="*.linear_fc1.weight"): {"optimizer": "lion"}})
-    assert isinstance(opt, torch.optim.Optimizer) and isinstance(opt, ChainedOptimizer)
+    assert isinstance(opt, torch.optim.Optimizer) and isinstance(opt, MixedPrecisionOptimizer)
     inner_groups = [g for inner in opt.optimizers for g in inner.param_groups]
     assert sorted(map(id, inner_groups)) == sorted(map(id, opt.param_groups))
     assert all(inner.state is opt.state for inner in opt.optimizers)
@@ -206,3 +206,26 @@ def test_standard_rules_that_match_nothing_stay_quiet() -> None:
         warnings.simplefilter("error")
         opt = get_optimizer(BASE.replace(decoupled_lr=1e-4), model)
     assert len(opt.param_groups) == 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("ChainedOptimizer", "MixedPrecisionOptimizer", r"it was an alias of MixedPrecisionOptimizer, while Megatron-Core's ChainedOptimizer chains several optimizers"),
+        ("resolve_groups", "resolve_group_configs", r"renamed: it resolves each group's config, beside routing's resolve_param_groups"),
+    ],
+)
+def test_retired_names_still_work_with_a_deprecation_warning(old: str, new: str, why: str) -> None:
+    import optzoo
+
+    with pytest.warns(DeprecationWarning, match=rf"^`optzoo\.{old}`: deprecated \({why}\); use `optzoo\.{new}`$"):
+        value = getattr(optzoo, old)
+    assert value is getattr(optzoo, new)
+    assert old not in optzoo.__all__
+
+
+def test_unknown_attribute_of_optzoo_is_an_attribute_error() -> None:
+    import optzoo
+
+    with pytest.raises(AttributeError, match=r"^module 'optzoo' has no attribute 'no_such_name'$"):
+        optzoo.no_such_name  # noqa: B018

@@ -139,9 +139,8 @@ def test_bf16_tracks_an_fp32_reference_and_model_params_equal_rounded_main_param
             o.zero_grad()
             torch.nn.functional.mse_loss(m(inputs.to(dtype)).float(), targets).backward()
             assert o.step()[0]
-        for group, models in zip(opt.param_groups, opt._model_params):
-            for main, param in zip(group["params"], models):
-                assert torch.equal(param, main.to(torch.bfloat16))
+        for entry in opt.param_map.local:
+            assert torch.equal(entry.model, entry.main.to(torch.bfloat16))
     for (name, p), q in zip(reference.named_parameters(), model.parameters()):
         # Only the bf16 forward/backward differs: weights (|w| < 0.5) stay within 4 bf16 ulps
         # there (ulp = 2**-9 at 0.25..0.5); measured ~1 ulp.

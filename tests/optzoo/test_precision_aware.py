@@ -32,7 +32,8 @@ def test_bf16_with_remainders_keeps_int16_masters_and_steps_the_model_params() -
     model = tiny_gpt().to(torch.bfloat16)
     opt = get_optimizer(REMAINDERS, model)
     assert [type(o) for o in opt.optimizers] == [PrecisionAwareAdam]
-    assert all(p is q for g, models in zip(opt.param_groups, opt._model_params) for p, q in zip(g["params"], models))
+    assert all(entry.main is entry.model for entry in opt.param_map.local)
+    assert [p for g in opt.param_groups for p in g["params"]] == [entry.main for entry in opt.param_map.local]
     _train(model, opt, [tokens() for _ in range(3)])
     weight = model.decoder.layers[0].mlp.linear_fc1.weight
     state = opt.state[weight]

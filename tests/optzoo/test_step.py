@@ -1,4 +1,4 @@
-"""ChainedOptimizer.step: global-norm clipping, zero counting, timers, and data errors."""
+"""MixedPrecisionOptimizer.step: global-norm clipping, zero counting, timers, and data errors."""
 
 from __future__ import annotations
 

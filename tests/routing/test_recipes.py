@@ -28,7 +28,7 @@ from optzoo.config_file import (
     recipe_from_overrides,
     shipped_recipes,
 )
-from optzoo.groups import resolve_groups
+from optzoo.groups import resolve_group_configs
 from optzoo.routing import (
     ParamKey,
     ParamPredicate,
@@ -597,7 +597,7 @@ def test_muon_llm_routes_hidden_matrices_to_muon_and_the_rest_to_adamw(model: nn
 
 def test_muon_llm_on_a_tied_model_keeps_the_shared_embedding_on_adamw() -> None:
     config, overrides = load_recipe("muon-llm")
-    groups, _ = resolve_groups(config, tiny_gpt(tie_embeddings=True), overrides, strict=True)
+    groups, _ = resolve_group_configs(config, tiny_gpt(tie_embeddings=True), overrides, strict=True)
     assert [(g.optimizer, g.weight_decay, g.param_names[:2]) for g in groups] == [
         ("adam", 0.1, (EMBED, POS)),
         ("adam", 0.0, ("decoder.layers.0.input_layernorm.weight", "decoder.layers.0.input_layernorm.bias")),
@@ -609,7 +609,7 @@ def test_muon_llm_on_a_tied_model_keeps_the_shared_embedding_on_adamw() -> None:
 def test_muon_llm_respects_use_muon_false(model: nn.Module) -> None:
     config, overrides = load_recipe("muon-llm")
     model.decoder.layers[0].mlp.linear_fc2.weight.use_muon = False  # type: ignore[index, union-attr]
-    groups, _ = resolve_groups(config, model, overrides, strict=True)
+    groups, _ = resolve_group_configs(config, model, overrides, strict=True)
     assert [(g.optimizer, list(g.param_names)) for g in groups if g.weight_decay] == [
         ("adam", [EMBED, POS, FC2[0], OUTPUT]),
         ("muon", [QKV[0], PROJ[0], FC1[0]]),

@@ -11,6 +11,10 @@ from typing import Any
 
 import torch
 
+from optzoo.config import OptimizerConfig
+
+__all__ = ["ConstantGradScaler", "DynamicGradScaler", "MegatronGradScaler", "make_grad_scaler"]
+
 
 def _scale_tensor(value: float, device: torch.device | str | None) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.float32, device=device)
@@ -160,3 +164,27 @@ class DynamicGradScaler(MegatronGradScaler):
         self._scale = state_dict["scale"].to(device=self._scale.device, dtype=torch.float32, copy=True)
         self._growth_tracker = int(state_dict["growth_tracker"])
         self._hysteresis_tracker = int(state_dict["hysteresis_tracker"])
+
+
+def make_grad_scaler(config: OptimizerConfig, *, device: torch.device | None = None) -> MegatronGradScaler | None:
+    """Megatron-Core's choice: ``loss_scale`` -> constant; fp16 without it -> dynamic; else none.
+
+    Example:
+        >>> make_grad_scaler(OptimizerConfig(lr=1.0, fp16=True)).scale.item() == 2.0**32
+        True
+        >>> make_grad_scaler(OptimizerConfig(lr=1.0, bf16=True)) is None
+        True
+    """
+    if config.loss_scale is not None:
+        return ConstantGradScaler(config.loss_scale, device=device)
+    if config.fp16:
+        return DynamicGradScaler(
+            initial_scale=config.initial_loss_scale,
+            min_scale=config.min_loss_scale,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=int(config.loss_scale_window),
+            hysteresis=config.hysteresis,
+            device=device,
+        )
+    return None

@@ -1,7 +1,7 @@
-"""The report of ``optzoo bench``: environment record, tables and PNG plots of one suite run.
+"""The report of the comparison suite: environment record, tables and PNG plots of one run.
 
-The suite itself (the measurements) is ``benchmarks/compare.py`` in the source repository; this
-module only renders its results dict, whose keys are ``environment``, ``plan``, ``step_time``,
+The suite itself (the measurements) is :mod:`benchmarks.compare`; this module only renders its
+results dict, whose keys are ``environment``, ``plan``, ``step_time``,
 ``newton_schulz``, ``memory`` and ``convergence`` (lists of flat rows, one per measurement; see
 that module), ``runtime_s`` and ``plots``. matplotlib is optional: ``pip install 'optzoo[bench]'``.
 """
@@ -110,7 +110,7 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError as error:
         raise ImportError(
-            "`optzoo bench`: the plots need matplotlib; got no module named 'matplotlib'; "
+            "`benchmarks.compare`: the plots need matplotlib; got no module named 'matplotlib'; "
             "expected it installed: `pip install 'optzoo[bench]'` or `pip install matplotlib`"
         ) from error
 

@@ -1,0 +1,110 @@
+"""Small helpers every layer shares: the error-message template and how messages name things.
+
+This module is the bottom of the import graph: it imports only the standard library and torch,
+so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``tests/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = [
+    "PARAM_DTYPES",
+    "check_choice",
+    "check_flag",
+    "describe_param",
+    "fused_supported",
+    "invalid",
+    "jsonable",
+    "local_shard",
+    "shorten",
+]
+
+PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""Param dtypes the optimizers take: float64 computes in float64, the others in float32."""
+
+
+def invalid(subject: str, problem: str, got: str, expected: str) -> ValueError:
+    """The house message, "`subject`: problem; got ...; expected ...", as a ``ValueError``.
+
+    Example:
+        >>> str(invalid("OptimizerConfig.lr", "must be non-negative", "-1.0", "a float >= 0"))
+        '`OptimizerConfig.lr`: must be non-negative; got -1.0; expected a float >= 0'
+    """
+    return ValueError(f"`{subject}`: {problem}; got {got}; expected {expected}")
+
+
+def shorten(items: Sequence[str], limit: int = 10) -> str:
+    """The first ``limit`` items, comma-separated, and how many more there are.
+
+    Example:
+        >>> shorten([str(i) for i in range(12)], limit=3)
+        '0, 1, 2, ... (+9 more)'
+    """
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def describe_param(group: Mapping[str, Any], group_index: int, param_index: int) -> str:
+    """``param group #g, param #i``, plus the param's name where the group carries ``param_names``.
+
+    Example:
+        >>> describe_param({"param_names": ["w", "b"]}, 0, 1)
+        'param group #0, param #1 (`b`)'
+    """
+    names = group.get("param_names")
+    named = f" (`{names[param_index]}`)" if names else ""
+    return f"param group #{group_index}, param #{param_index}{named}"
+
+
+def check_choice(subject: str, value: object, allowed: Iterable[str]) -> None:
+    """Raise unless ``value`` is one of ``allowed``; ``subject`` names the setting (with its place).
+
+    Example:
+        >>> check_choice("param group #0: `scale_mode`", "wide", ("spectral", "unit_rms_norm"))
+        Traceback (most recent call last):
+        ...
+        ValueError: param group #0: `scale_mode`: unknown value; got 'wide'; expected one of ['spectral', 'unit_rms_norm']
+    """
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ValueError(f"{subject}: unknown value; got {value!r}; expected one of {allowed}")
+
+
+def check_flag(subject: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{subject}: must be a bool; got {value!r}; expected True or False")
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2), else the tensor itself; in-place ops on it update the DTensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it: dtypes by name (``"bfloat16"``), sequences as lists, others by ``repr``.
+
+    Example:
+        >>> jsonable((torch.bfloat16, 0.1, None))
+        ['bfloat16', 0.1, None]
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return repr(value)
+
+
+def fused_supported(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's fused kernels take these params (same check torch makes when fused=True)."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    devices = _get_fused_kernels_supported_devices()
+    return bool(params) and all(p.device.type in devices and torch.is_floating_point(p) for p in params)

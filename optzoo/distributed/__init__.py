@@ -1,0 +1,37 @@
+"""Distributed optimizers on ``torch.distributed``: layer-wise ownership and sharded state.
+
+``use_layer_wise_distributed_optimizer`` gives each parameter one owner rank, balanced by the
+cost of its update; ``use_distributed_optimizer`` (ZeRO-1) cuts the params of element-wise
+optimizers into equal element ranges. Both are one :class:`DistributedOptimizer` over a
+:class:`ShardingPlan`; see ``docs/distributed.md``.
+"""
+
+from optzoo.distributed.checkpoint import consolidate
+from optzoo.distributed.dcp import load_dcp, save_dcp
+from optzoo.distributed.optimizer import DistributedOptimizer, ParamSync
+from optzoo.distributed.plan import Mode, Shard, ShardingPlan, param_cost, plan_shards
+from optzoo.distributed.setup import (
+    check_same_model,
+    data_parallel_group,
+    fsdp_process_group,
+    preserve_param_attributes,
+    resolve_process_group,
+)
+
+__all__ = [
+    "DistributedOptimizer",
+    "Mode",
+    "ParamSync",
+    "Shard",
+    "ShardingPlan",
+    "check_same_model",
+    "consolidate",
+    "data_parallel_group",
+    "fsdp_process_group",
+    "load_dcp",
+    "param_cost",
+    "plan_shards",
+    "preserve_param_attributes",
+    "resolve_process_group",
+    "save_dcp",
+]

@@ -1,0 +1,73 @@
+"""Consolidating the distributed optimizer's per-rank state into one name-keyed state dict.
+
+Each rank holds the state of what it owns: whole params, or (sharded) an element range of some.
+:func:`consolidate` lays every rank's pieces back into whole-param tensors, so the result has the
+format one process saves (:mod:`optzoo.wrapper.state_dict`) and loads on any number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from optzoo.wrapper.param_map import ParamMap, Part
+
+__all__ = ["consolidate", "per_element"]
+
+
+def per_element(value: Any, part: Part, full_shape: tuple[int, ...]) -> bool:
+    """Whether a state entry holds one value per element of its shard (else it is shared, e.g. ``step``)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    if part is None:
+        return tuple(value.shape) == full_shape
+    return value.dim() == 1 and value.numel() == part[1] - part[0]
+
+
+def _merge_tensor(pieces: Sequence[tuple[Part, torch.Tensor]], shape: tuple[int, ...]) -> torch.Tensor:
+    if len(pieces) == 1 and pieces[0][0] is None:
+        return pieces[0][1]
+    ordered = sorted(pieces, key=lambda p: p[0][0] if p[0] is not None else 0)
+    return torch.cat([t.reshape(-1) for _, t in ordered]).view(shape)
+
+
+def _merge_state(pieces: Sequence[tuple[Part, dict[str, Any]]], shape: tuple[int, ...]) -> dict[str, Any]:
+    first_part, first = pieces[0]
+    if len(pieces) == 1 and first_part is None:
+        return dict(first)
+    merged: dict[str, Any] = {}
+    for key, value in first.items():
+        if per_element(value, first_part, shape):
+            merged[key] = _merge_tensor([(part, values[key]) for part, values in pieces], shape)
+        else:
+            merged[key] = value
+    return merged
+
+
+def consolidate(local: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], param_map: ParamMap) -> dict[str, Any]:
+    """One state dict from every rank's pieces.
+
+    Args:
+        local: This rank's own state dict (its groups, loss scale and format are kept).
+        ranks: Per rank, ``{"state": {name: values}, "main_params": {name: tensor},
+            "parts": {name: element range}}`` for what that rank owns.
+        param_map: The parameter map (every param's name and shape).
+    """
+    pieces: dict[str, list[tuple[Part, dict[str, Any]]]] = {}
+    main_pieces: dict[str, list[tuple[Part, torch.Tensor]]] = {}
+    for other in ranks:
+        for name, values in other["state"].items():
+            pieces.setdefault(name, []).append((other["parts"][name], values))
+        for name, tensor in other["main_params"].items():
+            main_pieces.setdefault(name, []).append((other["parts"][name], tensor))
+    state: dict[str, dict[str, Any]] = {}
+    main_params: dict[str, torch.Tensor] = {}
+    for entry in param_map.entries:
+        shape = tuple(entry.model.shape)
+        if entry.name in pieces:
+            state[entry.name] = _merge_state(pieces[entry.name], shape)
+        if entry.name in main_pieces:
+            main_params[entry.name] = _merge_tensor(main_pieces[entry.name], shape)
+    return {**local, "state": state, "main_params": main_params}

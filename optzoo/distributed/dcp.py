@@ -1,0 +1,130 @@
+"""Saving and loading the distributed optimizer with ``torch.distributed.checkpoint`` (DCP).
+
+Each rank writes only the shards it owns, under keys such as ``state/<name>/<key>@start:stop``
+(the element range of the flattened param); on load each rank reads only the saved shards that
+overlap its own, so a checkpoint saved on N ranks loads on M.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from optzoo.distributed.checkpoint import per_element
+from optzoo.distributed.optimizer import DistributedOptimizer
+from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer
+from optzoo.wrapper.param_map import Part
+
+__all__ = ["load_dcp", "save_dcp"]
+
+_KEY = re.compile(r"^(?P<kind>state|main)/(?P<name>.+?)(?:/(?P<key>[^/@]+))?@(?P<start>\d+):(?P<stop>\d+)$")
+
+
+def _dcp_items(optimizer: DistributedOptimizer) -> dict[str, Any]:
+    local = MixedPrecisionOptimizer.state_dict(optimizer)
+    items: dict[str, Any] = {}
+    for entry in optimizer.param_map.local:
+        start, stop = entry.part if entry.part is not None else (0, entry.model.numel())
+        for key, value in local["state"].get(entry.name, {}).items():
+            items[f"state/{entry.name}/{key}@{start}:{stop}"] = value
+        if entry.name in local["main_params"]:
+            items[f"main/{entry.name}@{start}:{stop}"] = local["main_params"][entry.name]
+    return items
+
+
+def _check_distributed(optimizer: object, function: str) -> None:
+    if not isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(
+            f"`{function}`: needs a distributed optimizer; got {type(optimizer).__name__}; expected the "
+            "DistributedOptimizer get_optimizer returns with use_distributed_optimizer or "
+            "use_layer_wise_distributed_optimizer (a single process saves with state_dict())"
+        )
+
+
+def save_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
+    """Save with ``torch.distributed.checkpoint``: each rank writes the shards it owns.
+
+    A collective. Loads with any number of ranks (:func:`load_dcp`).
+    """
+    _check_distributed(optimizer, "save_dcp")
+    items = _dcp_items(optimizer)
+    full = {k: v for k, v in MixedPrecisionOptimizer.state_dict(optimizer).items() if k not in ("state", "main_params")}
+    items["meta"] = pickle.dumps(full)  # one opaque entry, not flattened by dcp
+    dcp_save(items, checkpoint_id=checkpoint_id)
+
+
+def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
+    """Load a :func:`save_dcp` checkpoint saved with any number of ranks. A collective."""
+    _check_distributed(optimizer, "load_dcp")
+    metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+    saved: dict[tuple[str, str, str | None], list[tuple[int, int, str]]] = {}
+    for key in metadata:
+        match = _KEY.match(key)
+        if match:
+            saved_key = (match["kind"], match["name"], match["key"])
+            saved.setdefault(saved_key, []).append((int(match["start"]), int(match["stop"]), key))
+    wanted: dict[str, Any] = {"meta": b""}
+    for key in _needed_keys(optimizer, saved):
+        properties = metadata[key]
+        size = getattr(properties, "size", None)
+        if size is None:
+            wanted[key] = b""  # a non-tensor entry: replaced by dcp.load
+        else:
+            wanted[key] = torch.empty(size, dtype=properties.properties.dtype)  # type: ignore[union-attr]
+    dcp_load(wanted, checkpoint_id=checkpoint_id)
+    meta = pickle.loads(wanted["meta"])  # noqa: S301 - our own checkpoint, as torch.load does
+    full_state: dict[str, dict[str, Any]] = {}
+    mains: dict[str, torch.Tensor] = {}
+    for (kind, name, state_key), ranges in saved.items():
+        entry = optimizer.param_map.entry(name)
+        if entry is None:
+            continue
+        param = entry.model
+        pieces = [(None if (a, b) == (0, param.numel()) else (a, b), wanted[key]) for a, b, key in ranges if key in wanted]
+        if not pieces:
+            continue
+        if kind == "main":
+            mains[name] = _assemble(pieces, param)
+        else:
+            assert state_key is not None  # state keys always name their entry
+            full_state.setdefault(name, {})[state_key] = _assemble(pieces, param)
+    optimizer.load_state_dict({**meta, "state": full_state, "main_params": mains})
+
+
+def _needed_keys(optimizer: DistributedOptimizer, saved: Mapping[tuple[str, str, str | None], list[tuple[int, int, str]]]) -> list[str]:
+    """The saved keys overlapping this rank's shards (one suffices for entries like ``step``)."""
+    needed = []
+    for (_, name, _), ranges in saved.items():
+        entry = optimizer.param_map.entry(name)
+        if entry is None or not entry.local:
+            continue
+        start, stop = entry.part if entry.part is not None else (0, entry.model.numel())
+        needed += [key for a, b, key in ranges if a < stop and start < b]
+    return needed
+
+
+def _assemble(pieces: Iterable[tuple[Part, Any]], param: torch.Tensor) -> Any:
+    """A whole-param state entry from saved shards (only the overlapping ones need be present).
+
+    Entries that are not one value per element (``step``) are taken from any shard; the others
+    are laid out in a whole-param tensor, whose uncovered elements are never read (the caller
+    slices out its own range, which the loaded shards cover).
+    """
+    pieces = list(pieces)
+    part, value = pieces[0]
+    if not per_element(value, part, tuple(param.shape)):
+        return value
+    if len(pieces) == 1 and part is None:
+        return value
+    out = torch.zeros(param.numel(), dtype=value.dtype)
+    for piece_part, piece in pieces:
+        start, stop = piece_part if piece_part is not None else (0, param.numel())
+        out[start:stop] = piece.reshape(-1)
+    return out.view(param.shape)

@@ -1,0 +1,30 @@
+"""The wrapper every optimizer of ``get_optimizer`` is: the parameter map, the gradient stages of a
+step, mixed precision (fp32 main params), loss scalers and name-keyed state dicts."""
+
+from optzoo.wrapper.mixed_precision import (
+    Float16OptimizerWithFloat16Params,
+    FP32Optimizer,
+    MixedPrecisionOptimizer,
+    StepOptions,
+    StepResult,
+)
+from optzoo.wrapper.param_map import ParamEntry, ParamMap, Part, build_param_map
+from optzoo.wrapper.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler, make_grad_scaler
+from optzoo.wrapper.state_dict import STATE_DICT_FORMAT
+
+__all__ = [
+    "ConstantGradScaler",
+    "DynamicGradScaler",
+    "FP32Optimizer",
+    "Float16OptimizerWithFloat16Params",
+    "MegatronGradScaler",
+    "MixedPrecisionOptimizer",
+    "ParamEntry",
+    "ParamMap",
+    "Part",
+    "STATE_DICT_FORMAT",
+    "StepOptions",
+    "StepResult",
+    "build_param_map",
+    "make_grad_scaler",
+]

@@ -1,0 +1,197 @@
+"""The gradient stages of one step, each a function over the parameter map or its main grads.
+
+In order (:meth:`optzoo.MixedPrecisionOptimizer.step` calls them as a list, the way optax chains
+``clip_by_global_norm`` and ``apply_if_finite``):
+
+1. :func:`model_grads_to_main_grads`: each model gradient to where its inner optimizer reads it;
+2. :func:`find_inf_and_unscale_`: unscale by the loss scale and detect inf/NaN (without a loss
+   scale, the global norm does the detection and is kept for clipping);
+3. :func:`clip_by_global_norm_`: Megatron's clip to ``max_norm``;
+4. :func:`count_zeros`: zero gradient elements, for logging;
+5. (the inner optimizers step) :func:`main_params_to_model_params`: updated fp32 main params back
+   into the 16-bit model params.
+
+With a process group (the distributed optimizers, FSDP2) each rank holds its own share of the
+gradients, and the inf flag, the norm and the zero count are reduced over the group, so every
+rank takes the same decision and reports the single-process values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from optzoo._common import local_shard
+from optzoo.wrapper.param_map import ParamEntry, ParamMap, part_of
+from optzoo.wrapper.scalers import MegatronGradScaler
+
+__all__ = [
+    "clear_grads_",
+    "clip_by_global_norm_",
+    "count_zeros",
+    "find_inf_and_unscale_",
+    "global_grad_norm",
+    "main_params_to_model_params",
+    "model_grads_to_main_grads",
+]
+
+
+def _model_grad(entry: ParamEntry, param_map: ParamMap) -> torch.Tensor | None:
+    if param_map.grad_source == "main_grad":
+        grad = getattr(entry.model, "main_grad", None)
+        if grad is None:
+            raise ValueError(
+                f"`{entry.name}`: params_have_main_grad=True but the parameter has no main_grad; "
+                "got None; expected a main_grad buffer on every trainable parameter"
+            )
+    else:
+        grad = entry.model.grad
+    if grad is not None and grad.is_sparse:
+        raise ValueError(
+            f"`{entry.name}`: sparse gradients are not supported; got a sparse {grad.layout} "
+            "gradient; expected a dense gradient"
+        )
+    return grad
+
+
+def model_grads_to_main_grads(param_map: ParamMap) -> list[torch.Tensor]:
+    """Put each local param's gradient where its inner optimizer reads it; returns the main grads.
+
+    Every gradient is checked before any is moved, so a bad one changes nothing. A 16-bit model
+    gradient that was copied is dropped (its fp32 copy replaces it).
+
+    Raises:
+        ValueError: A gradient is sparse, or ``main_grad`` is missing where it is the source.
+    """
+    found = [(entry, _model_grad(entry, param_map)) for entry in param_map.local]
+    main_grads = []
+    for entry, full_grad in found:
+        main = entry.main
+        assert main is not None  # local entries have one
+        grad = None if full_grad is None else part_of(full_grad, entry.part)
+        if entry.grad_target == "decoupled":
+            decoupled = None if grad is None else grad.to(param_map.decoupled_grad_dtype, copy=True)
+            setattr(main, "decoupled_grad", decoupled)  # read by the precision-aware Adam
+            if decoupled is not None:
+                main_grads.append(decoupled)
+                entry.model.grad = None
+        elif grad is None:
+            continue
+        elif entry.grad_target == "shared":
+            main.grad = grad  # fp32: in place (main_grad is aliased, as Megatron does)
+            main_grads.append(grad)
+        else:
+            main.grad = grad.float()
+            main_grads.append(main.grad)
+            entry.model.grad = None  # the low-precision copy is no longer needed
+    return main_grads
+
+
+def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None) -> None:
+    if group is not None:
+        dist.all_reduce(tensor, op=op, group=group)
+
+
+def _local_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over every gradient, accumulated in fp32 (fp64 for fp64 grads)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(torch.promote_types(grad.dtype, torch.float32), []).append(grad)
+    norms = [
+        norm.to(device=grads[0].device, dtype=torch.float64 if torch.float64 in by_dtype else torch.float32)
+        for dtype, same in by_dtype.items()
+        for norm in torch._foreach_norm(same, 2, dtype=dtype)
+    ]
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    return total
+
+
+def global_grad_norm(grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device) -> torch.Tensor:
+    """The L2 norm over every rank's gradients (each rank holding its own share).
+
+    Args:
+        grads: This rank's gradients (DTensors count by their local shards).
+        group: The group to sum squared norms over; ``None``: this process alone.
+        device: Where the result lives when this rank holds no gradient.
+    """
+    if group is None:
+        return _local_norm(grads)
+    local = [local_shard(g) for g in grads]
+    squared = (_local_norm(local).double() ** 2) if local else torch.zeros((), dtype=torch.float64, device=device)
+    _all_reduce(squared, dist.ReduceOp.SUM, group)
+    return squared.sqrt().float()
+
+
+def find_inf_and_unscale_(
+    grads: list[torch.Tensor],
+    grad_scaler: MegatronGradScaler | None,
+    found_inf: torch.Tensor,
+    group: dist.ProcessGroup | None,
+) -> tuple[bool, torch.Tensor | None]:
+    """Unscale and detect inf/NaN on every rank; returns ``(found_inf, global norm or None)``.
+
+    With a scaler: unscale by ``inv_scale`` and check in one foreach pass per dtype (the flag,
+    ``found_inf``, is reduced with MAX: one rank's inf skips every rank). Without one there is
+    nothing to unscale, so one read pass computes the global norm (reused for clipping) and a
+    non-finite norm means an inf/NaN gradient (or a norm beyond fp32's range).
+    """
+    if not grads and group is None:
+        return False, None
+    if grad_scaler is None:
+        norm = global_grad_norm(grads, group, found_inf.device)
+        return not bool(torch.isfinite(norm).item()), norm
+    found_inf.zero_()
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(local_shard(grad))
+    for same_dtype in by_dtype.values():
+        torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, grad_scaler.inv_scale)
+    _all_reduce(found_inf, dist.ReduceOp.MAX, group)
+    return bool(found_inf.item() > 0), None
+
+
+def clip_by_global_norm_(
+    grads: list[torch.Tensor], max_norm: float, norm: torch.Tensor | None, group: dist.ProcessGroup | None, device: torch.device
+) -> float:
+    """Scale by ``max_norm / (norm + 1e-6)`` where that is below 1 (Megatron's rule); returns the norm.
+
+    ``norm`` is the global norm when already known (:func:`find_inf_and_unscale_`), else computed.
+    """
+    total = norm if norm is not None else global_grad_norm(grads, group, device)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    if grads:
+        torch._foreach_mul_([local_shard(g) for g in grads], coefficient)
+    return float(total)
+
+
+def count_zeros(grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device) -> int:
+    """Zero elements over every rank's gradients."""
+    local = [local_shard(g) for g in grads]
+    zeros = torch.tensor(
+        [sum(g.numel() for g in local) - int(sum(torch.count_nonzero(g) for g in local) if local else 0)],
+        dtype=torch.int64, device=device,
+    )  # fmt: skip
+    _all_reduce(zeros, dist.ReduceOp.SUM, group)
+    return int(zeros.item())
+
+
+def main_params_to_model_params(param_map: ParamMap) -> None:
+    """Copy each updated main param that is a copy (fp32 of a 16-bit param) into its model param."""
+    for entry in param_map.local:
+        if not entry.aliased:
+            assert entry.main is not None  # local entries have one
+            entry.model_part.copy_(entry.main)
+
+
+def clear_grads_(param_map: ParamMap, set_to_none: bool) -> None:
+    """Clear what the inner optimizers' ``zero_grad`` does not reach: 16-bit model grads, the
+    ``main_grad`` buffers and the precision-aware Adam's ``decoupled_grad``."""
+    for entry in param_map.local:
+        model, main = entry.model, entry.main
+        if not entry.aliased and model.grad is not None:
+            model.grad = None if set_to_none else model.grad.zero_()
+        main_grad = getattr(model, "main_grad", None) if param_map.grad_source == "main_grad" else None
+        if main_grad is not None:
+            main_grad.zero_()
+        if entry.grad_target == "decoupled":
+            setattr(main, "decoupled_grad", None)

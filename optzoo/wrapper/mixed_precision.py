@@ -1,0 +1,240 @@
+"""The optimizer ``get_optimizer`` returns: one ``torch.optim.Optimizer`` over every algorithm.
+
+Each algorithm keeps its own torch optimizer over its groups; the wrapper owns the very same
+group dicts (in routing order) and one shared ``state`` mapping, so schedulers, ``zero_grad``
+and checkpointing see a single optimizer. The inner optimizers step *main* parameters: the model
+parameters themselves (:class:`FP32Optimizer`), or fp32 copies of fp16/bf16 model parameters
+(:class:`Float16OptimizerWithFloat16Params`), as in Megatron-Core's ``MixedPrecisionOptimizer``.
+Which is which, and where each gradient goes, is the :class:`~optzoo.wrapper.param_map.ParamMap`.
+
+One step is the list of :mod:`~optzoo.wrapper.grad_stages`: model grads to main grads; unscale
+and detect inf/NaN (the scaler sees the result; on inf/NaN return ``(False, None, None)`` with
+parameters and state untouched); global-norm clip; zero count; inner steps; main params to model
+params.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from optzoo.wrapper import grad_stages
+from optzoo.wrapper.param_map import ParamMap
+from optzoo.wrapper.scalers import MegatronGradScaler
+from optzoo.wrapper.state_dict import load_state_dict_, state_dict_of
+
+__all__ = [
+    "FP32Optimizer",
+    "Float16OptimizerWithFloat16Params",
+    "MixedPrecisionOptimizer",
+    "StepOptions",
+    "StepResult",
+]
+
+StepResult = tuple[bool, float | None, int | None]
+"""``(update_successful, grad_norm, num_zeros_in_grad)``, as Megatron-Core's ``step``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepOptions:
+    """What one step does besides the update (``OptimizerConfig``'s model-wide step fields)."""
+
+    clip_grad: float = 0.0
+    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
+    log_num_zeros_in_grad: bool = False
+    """Count zero gradient elements (returned by ``step``)."""
+    timers: Callable[..., Any] | None = None
+    """Megatron-style timers: ``timers(name, log_level=1)`` gives an object with ``start(barrier=...)``
+    and ``stop()``; the step's phases are timed with it."""
+    barrier_with_L1_time: bool = False
+    """Pass ``barrier=True`` to those timers."""
+
+
+class MixedPrecisionOptimizer(torch.optim.Optimizer):
+    """Several torch optimizers over main parameters, behind one ``torch.optim.Optimizer`` face.
+
+    Built by :func:`optzoo.get_optimizer`; ``param_groups`` are the inner optimizers' real
+    groups (holding the main parameters), ``state`` is shared by all of them, and
+    ``state_dict`` is keyed by parameter names.
+
+    Args:
+        optimizers: The inner optimizers; their groups must together be ``param_groups``.
+        param_groups: The same group dicts, in routing order; each has ``param_names``.
+        param_map: Every param's model and main tensors; the local entries of group ``k`` are
+            the params of ``param_groups[k]``, in order.
+        options: Clipping, zero counting and timers.
+        grad_scaler: The loss scaler shared by every inner optimizer, or ``None`` (scale 1).
+        process_group: Reduce the inf/NaN flag, the grad norm and the zero count over this group
+            (each rank holding different gradients); ``None``: this process alone.
+        device: Where the scale and flags live when this rank holds no parameter.
+    """
+
+    def __init__(
+        self,
+        optimizers: Sequence[torch.optim.Optimizer],
+        param_groups: list[dict[str, Any]],
+        param_map: ParamMap,
+        options: StepOptions = StepOptions(),
+        *,
+        grad_scaler: MegatronGradScaler | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        inner_ids = sorted(id(g) for opt in optimizers for g in opt.param_groups)
+        assert inner_ids == sorted(id(g) for g in param_groups), "groups must be the inner ones"
+        for group, entries in zip(param_groups, param_map.local_by_group(), strict=True):
+            assert [id(p) for p in group["params"]] == [id(e.main) for e in entries], "groups hold the map's mains"
+        self.optimizers = list(optimizers)
+        self.param_map = param_map
+        self.options = options
+        self.grad_scaler = grad_scaler
+        self.process_group = process_group
+        self._building = True
+        super().__init__(param_groups, defaults={})
+        self._building = False
+        for opt in self.optimizers:
+            opt.state = self.state  # params are disjoint, so one mapping serves every optimizer
+        first = next((e.main for e in param_map.local), None)
+        device = first.device if first is not None else device or torch.device("cpu")
+        self._one = torch.ones(1, dtype=torch.float32, device=device)
+        self._found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if not self._building:
+            raise TypeError(
+                f"`{type(self).__name__}.add_param_group`: groups are fixed by routing; got a new group; "
+                "expected get_optimizer(...) to be called again with the new parameters"
+            )
+        super().add_param_group(param_group)
+
+    @property
+    def aliases(self) -> dict[str, tuple[str, ...]]:
+        """Every name of each tied parameter: ``{first name: (all names)}``."""
+        return self.param_map.aliases()
+
+    # ---- loss scale ----------------------------------------------------------------------
+
+    def get_loss_scale(self) -> torch.Tensor:
+        """The current loss scale (a 1-element float32 tensor; 1 without a scaler)."""
+        return self.grad_scaler.scale if self.grad_scaler is not None else self._one
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * loss_scale``: call ``.backward()`` on this under fp16."""
+        return loss * self.get_loss_scale()
+
+    @torch.no_grad()
+    def reload_model_params(self) -> None:
+        """Refresh the main params from the model (after loading weights without the optimizer).
+
+        Covers fp32 main copies here and master weights an inner optimizer keeps in its state
+        (the precision-aware Adam's ``reload_master_weights_``).
+        """
+        for entry in self.param_map.local:
+            if not entry.aliased:
+                assert entry.main is not None  # local entries have one
+                entry.main.copy_(entry.model_part)
+        for opt in self.optimizers:
+            reload = getattr(opt, "reload_master_weights_", None)
+            if callable(reload):
+                reload()
+
+    # ---- step ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        timers = self.options.timers
+        if timers is None:
+            yield
+            return
+        timer = timers(name, log_level=1)
+        timer.start(barrier=self.options.barrier_with_L1_time)
+        try:
+            yield
+        finally:
+            timer.stop()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
+        """One optimizer step; skipped (nothing changes) when a gradient is inf or NaN.
+
+        Args:
+            closure: Optional; re-evaluates the model (run with gradients enabled first).
+
+        Returns:
+            ``(update_successful, grad_norm, num_zeros_in_grad)``: ``(False, None, None)`` on a
+            skipped step; the norm is computed when ``clip_grad > 0`` (else ``None``), zeros are
+            counted when ``log_num_zeros_in_grad`` (else ``None``).
+
+        Raises:
+            ValueError: A gradient is sparse, or missing ``main_grad`` (nothing changes).
+        """
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        group, device = self.process_group, self._one.device
+        with self._timed("optimizer-copy-to-main-grad"):
+            grads = grad_stages.model_grads_to_main_grads(self.param_map)
+        with self._timed("optimizer-unscale-and-check-inf"):
+            found_inf, norm = grad_stages.find_inf_and_unscale_(grads, self.grad_scaler, self._found_inf, group)
+        if self.grad_scaler is not None:
+            self.grad_scaler.update(found_inf)
+        if found_inf:
+            return False, None, None
+        grad_norm: float | None = None
+        if self.options.clip_grad > 0.0 and (grads or group is not None):
+            with self._timed("optimizer-clip-main-grad"):
+                grad_norm = grad_stages.clip_by_global_norm_(grads, self.options.clip_grad, norm, group, device)
+        num_zeros: int | None = None
+        if self.options.log_num_zeros_in_grad:
+            with self._timed("optimizer-count-zeros"):
+                num_zeros = grad_stages.count_zeros(grads, group, device)
+        with self._timed("optimizer-inner-step"):
+            for opt in self.optimizers:
+                opt.step()
+        with self._timed("optimizer-copy-main-to-model-params"):
+            grad_stages.main_params_to_model_params(self.param_map)
+        return True, grad_norm, num_zeros
+
+    @torch.no_grad()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear model grads and main grads (and ``main_grad`` buffers)."""
+        super().zero_grad(set_to_none)
+        grad_stages.clear_grads_(self.param_map, set_to_none)
+
+    # ---- state dict ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Groups and per-parameter state, keyed by parameter names (not positions).
+
+        Tensors are the live ones, as in torch; ``torch.save`` (or a deep copy) snapshots them.
+        """
+        return state_dict_of(
+            param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
+        )
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore groups' hyperparameters and state, matching parameters by name.
+
+        Everything is checked before anything changes: a name that exists on one side only,
+        a group whose members differ, or a group that changed optimizer is a ``ValueError``
+        naming both sides, and the optimizer is left as it was.
+        """
+        load_state_dict_(
+            state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
+        )
+
+
+class FP32Optimizer(MixedPrecisionOptimizer):
+    """fp32 model: the main params are the model params (Megatron-Core's ``FP32Optimizer``).
+
+    Unlike Megatron-Core, inf/NaN gradients are still detected and the step skipped.
+    """
+
+
+class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
+    """fp16 or bf16 model: the inner optimizers step fp32 main copies of the 16-bit params."""

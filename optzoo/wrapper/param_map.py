@@ -1,0 +1,212 @@
+"""The parameter map: for every trainable param, the tensors one step reads and writes.
+
+:func:`build_param_map` makes it once, from the config, the resolved groups and (under the
+distributed optimizers) the parts this rank owns. One :class:`ParamEntry` per parameter gives its
+names, the model tensor, the *main* tensor the inner optimizer steps (the model param itself, a
+flat view of a range of it, or an fp32 copy), whether that main tensor shares the model's
+storage, and where its gradient goes. The wrapper's gradient stages, the distributed optimizer
+and the state dict all walk this map, so nothing is guessed from storage pointers later.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from optzoo.config import OptimizerConfig
+from optzoo.groups import ResolvedGroup
+
+__all__ = [
+    "GradSource",
+    "GradTarget",
+    "ParamEntry",
+    "ParamMap",
+    "Part",
+    "build_param_map",
+    "check_param_dtypes",
+    "part_of",
+]
+
+Part = tuple[int, int] | None
+"""The flat element range ``[start, stop)`` of a model param that a main param stands for
+(``None``: all of it). Ranges appear only under the sharded optimizer (:mod:`optzoo.distributed`)."""
+
+GradSource = Literal["grad", "main_grad"]
+"""Where model gradients are read: ``param.grad``, or a DDP-style ``param.main_grad`` buffer."""
+
+GradTarget = Literal["shared", "fp32_copy", "decoupled"]
+"""Where a gradient goes for the inner optimizer: ``shared``, ``main.grad`` is the model's gradient
+tensor itself (fp32, main shares the model's storage); ``fp32_copy``, ``main.grad`` is an fp32 copy
+of a 16-bit gradient; ``decoupled``, ``main.decoupled_grad`` holds a copy in
+:attr:`ParamMap.decoupled_grad_dtype`, where the precision-aware Adam reads it."""
+
+LOW_PRECISION: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+
+
+def part_of(tensor: torch.Tensor, part: Part) -> torch.Tensor:
+    """``tensor`` itself, or the flat view of its elements ``part``."""
+    return tensor if part is None else tensor.view(-1)[part[0] : part[1]]
+
+
+@dataclass(frozen=True, eq=False)
+class ParamEntry:
+    """One trainable parameter, as this process steps it."""
+
+    name: str
+    """Its unique (first) name, chunk-qualified when there are several model chunks."""
+    names: tuple[str, ...]
+    """Every name it has (a tied weight has several); ``names[0] == name``."""
+    group: int
+    """Index of its resolved group (the same index in ``param_groups``)."""
+    model: torch.Tensor
+    """The whole model parameter."""
+    main: torch.Tensor | None
+    """What the inner optimizer steps; ``None`` when another rank owns the whole param."""
+    part: Part
+    """The elements of ``model`` that ``main`` stands for."""
+    aliased: bool
+    """``main`` shares the model's storage: nothing to copy back after a step."""
+    grad_target: GradTarget
+    """Where its gradient goes (see :data:`GradTarget`)."""
+
+    @property
+    def local(self) -> bool:
+        """Whether this process steps (a part of) this param."""
+        return self.main is not None
+
+    @property
+    def model_part(self) -> torch.Tensor:
+        """The elements of the model param that ``main`` stands for."""
+        return part_of(self.model, self.part)
+
+
+@dataclass(frozen=True, eq=False)
+class ParamMap:
+    """Every trainable param in group order, with how this process steps it."""
+
+    entries: tuple[ParamEntry, ...]
+    """Every param, group by group, in routing order; owned by this rank or not."""
+    num_groups: int
+    grad_source: GradSource = "grad"
+    decoupled_grad_dtype: torch.dtype | None = None
+    """Dtype of ``main.decoupled_grad`` for the ``decoupled`` target (precision-aware Adam)."""
+
+    @functools.cached_property
+    def local(self) -> tuple[ParamEntry, ...]:
+        """The entries this process steps, in group order."""
+        return tuple(entry for entry in self.entries if entry.local)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, ParamEntry]:
+        return {name: entry for entry in self.entries for name in entry.names}
+
+    def entry(self, name: str) -> ParamEntry | None:
+        """The entry called ``name`` (any of its tied names), or ``None``."""
+        return self._by_name.get(name)
+
+    def group_names(self) -> list[list[str]]:
+        """Every group's param names (first names), owned here or not."""
+        names: list[list[str]] = [[] for _ in range(self.num_groups)]
+        for entry in self.entries:
+            names[entry.group].append(entry.name)
+        return names
+
+    def local_by_group(self) -> list[list[ParamEntry]]:
+        """The local entries, one list per group (empty where this rank owns none of a group)."""
+        grouped: list[list[ParamEntry]] = [[] for _ in range(self.num_groups)]
+        for entry in self.local:
+            grouped[entry.group].append(entry)
+        return grouped
+
+    def aliases(self) -> dict[str, tuple[str, ...]]:
+        """``{name: every name}`` for the params that have more than one name (tied weights)."""
+        return {entry.name: entry.names for entry in self.entries if len(entry.names) > 1}
+
+
+def check_param_dtypes(config: OptimizerConfig, groups: Sequence[ResolvedGroup]) -> None:
+    """Parameter dtypes must fit ``fp16``/``bf16`` (and bf16 remainders need bf16 params)."""
+    expected = torch.float16 if config.fp16 else torch.bfloat16 if config.bf16 else None
+    for group in groups:
+        for routed, name in zip(group.params, group.param_names):
+            dtype = routed.param.dtype
+            if dtype in LOW_PRECISION and expected is not None and dtype != expected:
+                raise ValueError(
+                    f"`{name}`: parameter dtype does not match the config; got {dtype} with "
+                    f"{'fp16' if config.fp16 else 'bf16'}=True; expected {expected} or torch.float32"
+                )
+            if config.store_param_remainders and config.use_precision_aware_optimizer and dtype != torch.bfloat16:
+                raise ValueError(
+                    f"`{name}`: store_param_remainders needs bf16 parameters; got {dtype}; "
+                    "expected torch.bfloat16 (or store_param_remainders=False)"
+                )
+
+
+def build_param_map(
+    config: OptimizerConfig,
+    groups: Sequence[ResolvedGroup],
+    *,
+    owned: Mapping[tuple[int, int], Part] | None = None,
+    params_have_main_grad: bool = False,
+) -> ParamMap:
+    """Decide, once, what each param's main tensor is and where its gradient goes.
+
+    The main tensor is an fp32 copy of an fp16/bf16 param under ``fp16``/``bf16``; otherwise,
+    and under the precision-aware optimizer (which keeps its own master state), the model param
+    itself. A param sharded by elements is stood for by a flat view of its range (sharing the
+    model's storage), or by an fp32 copy of that range.
+
+    Args:
+        config: The model-wide config: ``fp16``, ``bf16``, ``use_precision_aware_optimizer`` and
+            ``main_grads_dtype`` are read.
+        groups: The resolved groups, in routing order.
+        owned: The params this rank steps, by ``(group index, position in group)``, each with
+            its element range (``None``: whole). Default: every param, whole (one process).
+        params_have_main_grad: Gradients live in ``param.main_grad`` instead of ``param.grad``.
+
+    Raises:
+        ValueError: A param sharded by elements is not contiguous.
+
+    Example:
+        >>> layer = torch.nn.Linear(2, 2).to(torch.bfloat16)
+        >>> from optzoo.groups import resolve_group_configs
+        >>> config = OptimizerConfig(lr=1.0, bf16=True)
+        >>> groups, _ = resolve_group_configs(config, [layer], {})
+        >>> [(e.name, e.main.dtype, e.aliased, e.grad_target) for e in build_param_map(config, groups).entries]
+        [('weight', torch.float32, False, 'fp32_copy'), ('bias', torch.float32, False, 'fp32_copy')]
+    """
+    precision_aware = config.use_precision_aware_optimizer
+    copy_16bit = (config.fp16 or config.bf16) and not precision_aware
+    entries: list[ParamEntry] = []
+    for group in groups:
+        for position, (routed, names) in enumerate(zip(group.params, group.all_names)):
+            param = routed.param
+            local = owned is None or (group.index, position) in owned
+            part = None if owned is None else owned.get((group.index, position))
+            copied = copy_16bit and param.dtype in LOW_PRECISION
+            main = _main_tensor(param, part, copied, names[0]) if local else None
+            target: GradTarget = "decoupled" if precision_aware else "fp32_copy" if copied else "shared"
+            entries.append(ParamEntry(names[0], names, group.index, param, main, part, not copied, target))
+    return ParamMap(
+        entries=tuple(entries),
+        num_groups=len(groups),
+        grad_source="main_grad" if params_have_main_grad else "grad",
+        decoupled_grad_dtype=config.main_grads_dtype if precision_aware else None,
+    )
+
+
+def _main_tensor(param: torch.Tensor, part: Part, copied: bool, name: str) -> torch.Tensor:
+    if part is not None and not param.is_contiguous():
+        raise ValueError(
+            f"`{name}`: sharding by elements needs a contiguous parameter; "
+            f"got strides {param.stride()}; expected a contiguous tensor"
+        )
+    if part is None and not copied:
+        return param
+    view = part_of(param.detach(), part)
+    main = torch.nn.Parameter(view.to(torch.float32) if copied else view, requires_grad=False)
+    main.__dict__.update(param.__dict__)  # keep routing attributes visible to algorithms
+    return main

@@ -1,0 +1,192 @@
+"""Optimizer state dicts keyed by parameter names: saving, and the one checked load.
+
+The format (``optzoo.chained.v1``) is the same for one process and for the distributed
+optimizers: ``state`` and ``main_params`` map a param's name to its whole-param tensors, and
+``param_groups`` hold every group's hyperparameters with all its ``param_names``. A checkpoint
+therefore survives reordering, resharding (N ranks to M) and tied weights saved under either
+name. :func:`load_state_dict_` checks everything before it changes anything.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import torch
+
+from optzoo._common import shorten
+from optzoo.wrapper.param_map import ParamMap, Part
+from optzoo.wrapper.scalers import MegatronGradScaler
+
+__all__ = ["STATE_DICT_FORMAT", "load_state_dict_", "slice_part", "state_dict_of"]
+
+STATE_DICT_FORMAT = "optzoo.chained.v1"
+
+
+def state_dict_of(
+    *,
+    param_groups: list[dict[str, Any]],
+    state: Mapping[torch.Tensor, Any],
+    param_map: ParamMap,
+    grad_scaler: MegatronGradScaler | None,
+) -> dict[str, Any]:
+    """This process's state, keyed by names; groups carry every name, owned here or not.
+
+    Tensors are the live ones, as in torch; ``torch.save`` (or a deep copy) snapshots them.
+    Under the sharded optimizer the tensors of a param split by elements cover this rank's
+    range only (:mod:`optzoo.distributed.checkpoint` consolidates them).
+    """
+    group_names = param_map.group_names()
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "param_names": list(group_names[index])}
+        for index, group in enumerate(param_groups)
+    ]
+    mains = {entry.name: entry.main for entry in param_map.local if entry.main is not None}
+    return {
+        "format": STATE_DICT_FORMAT,
+        "state": {name: state[main] for name, main in mains.items() if state.get(main)},
+        "param_groups": groups,
+        "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
+        # fp32 main copies of 16-bit params: the model's bf16/fp16 weights cannot restore them.
+        "main_params": {entry.name: mains[entry.name] for entry in param_map.local if not entry.aliased},
+    }
+
+
+def slice_part(value: Any, part: Part, numel: int) -> Any:
+    """This rank's part of a whole-param state entry (entries without one value per element as is)."""
+    if part is None or not isinstance(value, torch.Tensor) or value.numel() != numel or value.dim() == 0:
+        return value
+    return value.reshape(-1)[part[0] : part[1]].clone()
+
+
+def load_state_dict_(
+    state_dict: Mapping[str, Any],
+    *,
+    param_groups: list[dict[str, Any]],
+    state: MutableMapping[torch.Tensor, Any],
+    param_map: ParamMap,
+    grad_scaler: MegatronGradScaler | None,
+) -> None:
+    """Restore hyperparameters, state, fp32 main params and the loss scale, matching params by name.
+
+    Every param takes its own element range of the saved whole-param tensors, so one loader
+    serves one process and every rank of the distributed optimizers (which pass the consolidated
+    dict). Everything is checked before anything changes: a name that exists on one side only,
+    a group whose members differ, a group that changed optimizer, main params or a loss scaler
+    from another precision setting are each a ``ValueError`` naming both sides.
+    """
+    if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_DICT_FORMAT:
+        got = state_dict.get("format") if isinstance(state_dict, Mapping) else type(state_dict).__name__
+        raise ValueError(
+            f"`state_dict`: not an optzoo optimizer state dict; got format {got!r}; "
+            f"expected {STATE_DICT_FORMAT!r} (from get_optimizer(...).state_dict())"
+        )
+
+    def canonical(name: str) -> str | None:
+        entry = param_map.entry(name)
+        return None if entry is None else entry.name
+
+    saved_groups = state_dict["param_groups"]
+    saved_names = [n for g in saved_groups for n in g["param_names"]]
+    ours = {entry.name for entry in param_map.entries}
+    missing = sorted(ours - {canonical(n) for n in saved_names})
+    unknown = [n for n in saved_names if canonical(n) is None]
+    if missing or unknown:
+        raise ValueError(
+            "`state_dict`: parameter names do not match this model; "
+            f"got names only in the checkpoint: [{shorten(unknown)}]; "
+            f"expected also: [{shorten(missing)}] (only in this model)"
+        )
+    group_names = param_map.group_names()
+    matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
+    for saved in saved_groups:
+        names = [canonical(n) for n in saved["param_names"]]
+        first = param_map.entry(saved["param_names"][0])
+        assert first is not None  # every saved name is known (checked above)
+        index = first.group
+        group = param_groups[index]
+        if set(names) != set(group_names[index]):
+            raise ValueError(
+                f"`state_dict`: param group #{index} differs from the checkpoint's; got "
+                f"[{shorten(saved['param_names'])}]; expected [{shorten(group_names[index])}] "
+                "(was the routing changed?)"
+            )
+        if saved.get("optimizer") != group["optimizer"]:
+            raise ValueError(
+                f"`state_dict`: param group #{index} ({group_names[index][0]}, ...) uses "
+                f"optimizer {group['optimizer']!r}; got {saved.get('optimizer')!r} in the "
+                f"checkpoint; expected the same optimizer"
+            )
+        matched.append((group, saved))
+
+    new_state: dict[torch.Tensor, dict[str, Any]] = {}
+    for name, values in state_dict["state"].items():
+        entry = param_map.entry(name)
+        if entry is None:
+            raise ValueError(
+                f"`state_dict`: state for unknown parameter; got {name!r}; expected one of [{shorten(sorted(ours))}]"
+            )
+        if entry.main is None:
+            continue  # another rank steps it
+        group = param_groups[entry.group]
+        numel = entry.model.numel()
+        new_state[entry.main] = {
+            key: _load_value(entry.main, key, slice_part(value, entry.part, numel), group) for key, value in values.items()
+        }
+
+    # A distributed load (DCP) may carry only this rank's main params: each must be there, and
+    # none may be for a param that has no fp32 copy here.
+    with_main = {entry.name for entry in param_map.entries if not entry.aliased}
+    local_with_main = {entry.name for entry in param_map.local if not entry.aliased}
+    saved_mains = {canonical(n) or n: v for n, v in (state_dict.get("main_params") or {}).items()}
+    if not local_with_main <= set(saved_mains) <= with_main:
+        raise ValueError(
+            "`state_dict`: fp32 main params do not match this optimizer's; got "
+            f"[{shorten(sorted(saved_mains))}]; expected [{shorten(sorted(with_main))}] "
+            "(was the checkpoint saved with another fp16/bf16 setting?)"
+        )
+    mains: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for entry in param_map.local:
+        if entry.aliased:
+            continue
+        saved_main = saved_mains[entry.name]
+        if saved_main.shape != entry.model.shape:
+            raise ValueError(
+                f"`{entry.name}`: fp32 main param shape differs from the checkpoint's; got "
+                f"{tuple(saved_main.shape)}; expected {tuple(entry.model.shape)}"
+            )
+        assert entry.main is not None  # local entries have one
+        mains.append((entry.main, slice_part(saved_main, entry.part, entry.model.numel())))
+    scaler_state = state_dict.get("grad_scaler")
+    if (scaler_state is None) != (grad_scaler is None):
+        raise ValueError(
+            f"`state_dict`: grad scaler state is {'absent' if scaler_state is None else 'present'}; "
+            f"got {scaler_state!r}; expected {'one' if grad_scaler is not None else 'none'} "
+            "(was the checkpoint saved with another fp16/bf16/loss_scale setting?)"
+        )
+
+    for group, saved in matched:
+        for key, value in saved.items():
+            if key not in ("params", "param_names"):
+                group[key] = copy.deepcopy(value)
+    state.clear()
+    state.update(new_state)
+    with torch.no_grad():
+        for main, saved_main in mains:
+            main.copy_(saved_main)
+    if grad_scaler is not None and scaler_state is not None:
+        grad_scaler.load_state_dict(scaler_state)
+
+
+def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:
+    """Copy one state entry onto ``param``'s device (``step`` placed as torch places it)."""
+    if not isinstance(value, torch.Tensor):
+        return copy.deepcopy(value)
+    if key == "step":
+        if group.get("fused") or group.get("capturable"):
+            return value.to(dtype=torch.float32, device=param.device, copy=True)
+        return value.clone()
+    # Kept in its saved dtype: precision-aware state (bf16 moments, int16 remainders) differs
+    # from the parameter's dtype on purpose.
+    return value.to(device=param.device, copy=True)
