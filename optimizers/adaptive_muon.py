@@ -22,6 +22,15 @@ from .._common import check_choice, local_shard
 from .muon import FinishInput, Muon, ScaleMode, compute_dtype, muon_scale_factor
 from .newton_schulz import CoefficientType, MatmulPrecision
 
+__all__ = [
+    "AdaptiveMuon",
+    "Moment2Method",
+    "adamuon_",
+    "namo_",
+    "normuon_",
+    "normuon_reduced_dim",
+]
+
 Moment2Method = Literal["adamuon", "normuon", "namo"]
 """Second-moment rule; upstream's ``Moment2MethodT``."""
 

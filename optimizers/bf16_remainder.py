@@ -11,6 +11,13 @@ from __future__ import annotations
 
 import torch
 
+__all__ = [
+    "join_bf16_remainder",
+    "round_half_up_to_bf16",
+    "split_fp32",
+    "split_fp32_into_",
+]
+
 
 def split_fp32(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut fp32 values into a bf16 high half (rounded half up in magnitude) and an int16 remainder.

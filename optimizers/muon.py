@@ -50,6 +50,21 @@ from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  
 from ._checked import CheckedGroupsOptimizer
 from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
 
+__all__ = [
+    "FinishInput",
+    "Muon",
+    "PARAM_DTYPES",
+    "ScaleMode",
+    "compute_dtype",
+    "decoupled_weight_decay_",
+    "gather_whole",
+    "local_shard",
+    "momentum_direction_",
+    "muon_scale_factor",
+    "qkv_blocks",
+    "take_shard",
+]
+
 ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
 """How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
 FinishInput = Literal["orthogonal", "grad", "direction"]

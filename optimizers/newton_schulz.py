@@ -69,6 +69,21 @@ import torch
 
 from .._common import check_choice
 
+__all__ = [
+    "COEFFICIENT_SETS",
+    "CoefficientType",
+    "Coefficients",
+    "GRAM_RESTART_PERIOD",
+    "MatmulPrecision",
+    "REPEAT_LAST",
+    "SYMMETRIC_BLOCKS_MIN_ROWS",
+    "Variant",
+    "coefficient_schedule",
+    "has_fast_bf16_matmul",
+    "newton_schulz",
+    "newton_schulz_flops",
+]
+
 CoefficientType = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4"]
 """Named coefficient sets; upstream's ``NSCoeffT`` without ``custom``."""
 MatmulPrecision = Literal["highest", "high", "medium"]

@@ -25,6 +25,13 @@ from .._common import PARAM_DTYPES, describe_param, fused_supported
 from ._checked import CheckedGroupsOptimizer
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
 
+__all__ = [
+    "MASTER_DTYPES",
+    "MOMENT_DTYPES",
+    "PrecisionAwareAdam",
+    "adam_update_",
+]
+
 MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``exp_avg`` and ``exp_avg_sq`` may be stored in (TE also offers fp8, which we lack)."""
 MASTER_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)

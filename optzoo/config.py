@@ -21,6 +21,19 @@ from optzoo.optimizers.muon import ScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision
 from optzoo.optimizers.registry import get_spec, registered_names
 
+__all__ = [
+    "AdamOptimizerConfig",
+    "AdaptiveMuonMoment2Method",
+    "GROUP_FIELDS",
+    "MuonCoefficientType",
+    "MuonMatmulPrecision",
+    "MuonScaleMode",
+    "MuonTPMode",
+    "OptimizerConfig",
+    "SCHEDULE_KEYS",
+    "SGDOptimizerConfig",
+]
+
 MuonScaleMode = ScaleMode
 MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]

@@ -39,6 +39,19 @@ from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, normalize_overrides
 from optzoo.routing import ParamKey, overrides_from_entries, overrides_to_entries
 
+__all__ = [
+    "Format",
+    "config_from_mapping",
+    "config_to_mapping",
+    "dump_recipe",
+    "load_config_file",
+    "load_recipe",
+    "overrides_from_list",
+    "parse_recipe",
+    "recipe_from_overrides",
+    "shipped_recipes",
+]
+
 Format = Literal["toml", "yaml"]
 """Text formats of a recipe."""
 

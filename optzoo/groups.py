@@ -15,6 +15,16 @@ from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
 from optzoo.optimizers.registry import get_spec
 from optzoo.routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
+__all__ = [
+    "ALLOWED_OVERRIDE_KEYS",
+    "OverrideValue",
+    "ResolvedGroup",
+    "get_standard_config_overrides",
+    "normalize_overrides",
+    "qualified_names",
+    "resolve_group_configs",
+]
+
 OverrideValue = Mapping[str, Any] | OptimizerConfig
 """An override: a dict of field names, or an ``OptimizerConfig`` meaning its differing fields."""
 

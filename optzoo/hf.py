@@ -34,6 +34,13 @@ from typing import Any
 
 from torch import nn
 
+__all__ = [
+    "TINY_SHAPE",
+    "build_hf_model",
+    "load_hf_config",
+    "tag_hf_model",
+]
+
 TINY_SHAPE: dict[str, int] = {
     "vocab_size": 256,
     "hidden_size": 64,

@@ -17,6 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = [
+    "BUILTIN_MODELS",
+    "GPT",
+    "GPTConfig",
+    "build_model",
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:

@@ -16,6 +16,8 @@ from optzoo.config import OptimizerConfig
 from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import ParamKey, ParamPredicate, ParamWithNamePredicate, get_predicate
 
+__all__ = ["get_mup_config_overrides"]
+
 
 def _with_name(name: str) -> ParamWithNamePredicate:
     predicate = get_predicate(name)

@@ -28,6 +28,16 @@ import torch
 
 from optzoo._common import invalid
 
+__all__ = [
+    "LrDecayStyle",
+    "OptimizerParamScheduler",
+    "STATE_KEYS",
+    "WdIncrStyle",
+    "WsdDecayStyle",
+    "lr_at",
+    "wd_at",
+]
+
 logger = logging.getLogger(__name__)
 
 LrDecayStyle = Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"]

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+__all__ = [
+    "INCLUDE_FIELDS",
+    "ParamKey",
+    "ParamPredicate",
+    "ParamWithNamePredicate",
+]
+
 
 @dataclass(frozen=True)
 class ParamPredicate:

@@ -21,6 +21,19 @@ import torch
 
 from .keys import ParamPredicate, ParamWithNamePredicate
 
+__all__ = [
+    "BUILTIN_PREDICATES",
+    "Predicate",
+    "PredicateFn",
+    "PredicateSpec",
+    "get_predicate",
+    "is_registered",
+    "predicate_spec",
+    "register_predicate",
+    "registered_predicates",
+    "unregister_predicate",
+]
+
 Predicate = ParamPredicate | ParamWithNamePredicate
 """Either kind of named predicate."""
 PredicateFn = Callable[[torch.Tensor], Any] | Callable[[torch.Tensor, str], Any]

@@ -28,6 +28,16 @@ from .predicates import (
     registered_predicates,
 )
 
+__all__ = [
+    "ENTRY_FIELDS",
+    "Entry",
+    "KEY_FIELDS",
+    "key_from_entry",
+    "key_to_entry",
+    "overrides_from_entries",
+    "overrides_to_entries",
+]
+
 KEY_FIELDS: tuple[str, ...] = INCLUDE_FIELDS + tuple(f"exclude_{field}" for field in INCLUDE_FIELDS)
 """The fields of an entry that make its ``ParamKey``, in the order they are written."""
 ENTRY_FIELDS: tuple[str, ...] = KEY_FIELDS + ("set",)

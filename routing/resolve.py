@@ -14,6 +14,16 @@ import torch
 from .._common import shorten
 from .keys import ParamKey
 
+__all__ = [
+    "Override",
+    "ParamGroupSpec",
+    "RoutedParam",
+    "Routing",
+    "RoutingConflictError",
+    "named_trainable_parameters",
+    "resolve_param_groups",
+]
+
 Override = Mapping[str, Any]
 """What a key sets: field name -> value. routing/ never interprets the fields."""
 

@@ -7,6 +7,8 @@ from typing import Any
 from .keys import ParamKey, ParamPredicate, ParamWithNamePredicate
 from .predicates import get_predicate
 
+__all__ = ["standard_overrides"]
+
 
 def standard_overrides(
     *,
