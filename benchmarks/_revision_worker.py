@@ -85,7 +85,7 @@ def main() -> None:
     for step, restore in steps.values():  # lazy state, first-call costs
         restore()
         step()
-    print("ready " + ",".join(steps), flush=True)
+    print("ready " + "|".join(steps), flush=True)
     for line in sys.stdin:
         step, restore = steps[line.strip()]
         restore()

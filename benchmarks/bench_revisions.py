@@ -37,7 +37,7 @@ class _Worker:
         )  # fmt: skip
         ready = self._read()
         assert ready.startswith("ready "), ready
-        self.names = ready.removeprefix("ready ").split(",")
+        self.names = ready.removeprefix("ready ").split("|")
 
     def _read(self) -> str:
         assert self.process.stdout is not None
