@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    model = build_hf_model("LlamaConfig")  # tiny, random init, tagged for routing
+    model = build_hf_model("LlamaConfig")  # tiny, random init; optzoo reads its roles, no tags
     config = OptimizerConfig(
         optimizer="muon", lr=3e-3, decoupled_lr=1e-3, weight_decay=0.1, muon_fp32_matmul_prec="highest"
     )

@@ -4,9 +4,17 @@ The second-moment rules are the pure functions :func:`adamuon_`, :func:`normuon_
 :func:`namo_`; :class:`AdaptiveMuon` plugs them into :class:`~optzoo.optimizers.muon.Muon`'s step loop
 through its override points.
 
+N-D params (:func:`~optzoo.optimizers.muon.matrix_shape`): the second moment follows the matrices
+Muon orthogonalises. AdaMuon's is element-wise, param-shaped. NorMuon keeps one entry per row (or
+column) of each matrix and NAMO one scalar per matrix, with per-matrix Frobenius norms: for a stack
+``[E, rows, cols]`` of tall matrices, ``(E, rows, 1)`` and ``(E, 1, 1)``; for a flattened param,
+those of the matrix ``(shape[0], prod(shape[1:]))``. A 2-D param's are ``(rows, 1)`` or
+``(1, cols)``, and ``(1,)``, as upstream's.
+
 FSDP2 (DTensor params): AdaMuon's second moment is element-wise, so it is sharded like the param
-and updated on this rank's shard. NorMuon's (a row or column vector) and NAMO's (a scalar) are
-small and are replicated: every rank updates its copy from the same whole matrices.
+and updated on this rank's shard. NorMuon's (a row or column vector per matrix) and NAMO's (a
+scalar per matrix) are small and are replicated: every rank updates its copy from the same whole
+matrices.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.optim.optimizer import ParamsT
 
 from .._common import check_choice, local_shard
-from .muon import FinishInput, Muon, ScaleMode, compute_dtype, muon_scale_factor
+from .muon import FinishInput, Muon, ScaleMode, as_matrices, compute_dtype, matrix_shape, muon_scale_factor, take_shard
 from .newton_schulz import CoefficientType, MatmulPrecision
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "Moment2Method",
     "adamuon_",
     "namo_",
+    "namo_scale_",
     "normuon_",
     "normuon_reduced_dim",
 ]
@@ -47,19 +56,36 @@ def normuon_reduced_dim(rows: int, cols: int) -> int:
     return -1 if rows >= cols else -2
 
 
+def _matrix_norms(matrices: torch.Tensor) -> torch.Tensor:
+    """The Frobenius norm of each matrix of ``(..., rows, cols)``, shaped ``(..., 1, 1)``."""
+    norms: torch.Tensor = torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True)
+    return norms
+
+
 def normuon_(orthogonal: torch.Tensor, exp_avg_sq: torch.Tensor, *, beta2: float, eps: float) -> torch.Tensor:
     """NorMuon (arXiv:2510.05491): a per-row (or per-column) second moment; returns the
     normalised update rescaled to ``O``'s Frobenius norm.
 
     ``v ← β₂v + (1−β₂)·mean(O², shorter dim)`` in place; ``U = O / √max(v, ε)``; returns
-    ``U · ‖O‖_F / max(‖U‖_F, ε)``.
+    ``U · ‖O‖_F / max(‖U‖_F, ε)``. ``orthogonal`` may be a stack ``(..., rows, cols)``: each
+    matrix has its own rows (or columns) in ``exp_avg_sq`` (``(..., rows, 1)`` or ``(..., 1, cols)``)
+    and its own norms.
     """
-    dim = normuon_reduced_dim(*orthogonal.shape)
+    dim = normuon_reduced_dim(*orthogonal.shape[-2:])
     exp_avg_sq.lerp_(orthogonal.square().mean(dim=dim, keepdim=True), 1 - beta2)
     update = orthogonal * exp_avg_sq.clamp_min(eps).rsqrt_()
-    update_norm = torch.linalg.vector_norm(update)
-    scaled: torch.Tensor = update * (torch.linalg.vector_norm(orthogonal) / update_norm.clamp_min(eps))
+    scaled: torch.Tensor = update * (_matrix_norms(orthogonal) / _matrix_norms(update).clamp_min(eps))
     return scaled
+
+
+def namo_scale_(
+    exp_avg_sq: torch.Tensor, *, grad: torch.Tensor, direction: torch.Tensor, beta2: float, eps: float
+) -> torch.Tensor:
+    """NAMO's second moment and factor, one per matrix of ``(..., rows, cols)``: ``v ← β₂v + (1−β₂)‖G‖²_F``
+    in place; returns ``‖D‖_F / (√v + ε)``, shaped like ``exp_avg_sq`` (``(..., 1, 1)``, or ``(1,)``
+    for one matrix)."""
+    exp_avg_sq.lerp_(_matrix_norms(grad).square().view_as(exp_avg_sq), 1 - beta2)
+    return _matrix_norms(direction).view_as(exp_avg_sq) / (exp_avg_sq.sqrt() + eps)
 
 
 def namo_(
@@ -68,11 +94,10 @@ def namo_(
     """NAMO (arXiv:2602.17080): one scalar per matrix.
 
     ``v ← β₂v + (1−β₂)‖G‖²_F`` in place (``G`` the raw gradient); returns
-    ``O · ‖D‖_F / (√v + ε)`` with ``D`` the direction that was orthogonalised.
+    ``O · ‖D‖_F / (√v + ε)`` with ``D`` the direction that was orthogonalised
+    (:func:`namo_scale_`). For a stack ``(..., rows, cols)``, ``exp_avg_sq`` is ``(..., 1, 1)``.
     """
-    exp_avg_sq.lerp_(torch.linalg.vector_norm(grad).square(), 1 - beta2)
-    scaled: torch.Tensor = orthogonal * (torch.linalg.vector_norm(direction) / (exp_avg_sq.sqrt() + eps))
-    return scaled
+    return orthogonal * namo_scale_(exp_avg_sq, grad=grad, direction=direction, beta2=beta2, eps=eps)
 
 
 class AdaptiveMuon(Muon):
@@ -81,7 +106,9 @@ class AdaptiveMuon(Muon):
     With :class:`~optzoo.optimizers.muon.Muon`'s notation and :math:`O = \mathrm{NS}(D)` (not yet
     scaled), the update is :math:`W \leftarrow W - \eta \, s(r, c) \, e \, A(O)` where :math:`A`
     is ``moment2_method``'s rule: :func:`adamuon_` (elementwise, like Adam), :func:`normuon_`
-    (per row or column) or :func:`namo_` (one scalar), each with decay ``beta2`` and ``eps``.
+    (per row or column of each matrix) or :func:`namo_` (one scalar per matrix), each with decay
+    ``beta2`` and ``eps``. For an N-D param, the matrices are those Muon orthogonalises
+    (:func:`~optzoo.optimizers.muon.matrix_shape`) and :math:`s(r, c)` is of their shape.
     The idea goes back to Carlson et al., *Preconditioned spectral descent for deep learning*
     (NeurIPS 2015).
 
@@ -94,10 +121,14 @@ class AdaptiveMuon(Muon):
           kept in float32 for 16-bit params;
         * ``moment2_method`` is a param-group key like every setting (upstream: instance-wide);
         * a QKV-split param is orthogonalised per block, then the second moment and the scale
-          factor apply to the whole param (its shape), as upstream does for any param.
+          factor apply to the whole param (its shape), as upstream does for any param;
+        * N-D params (upstream: 2-D only) get the second moment of each of their matrices (see the
+          module docstring) and the scale factor of the matrices' shape, so a stack of experts
+          steps exactly as its experts would as 2-D params.
 
     Args:
-        params: 2-D params or param groups; a group may set any argument below except ``params``.
+        params: params of 2 or more dims, or param groups; a group may set any argument below
+            except ``params``.
         moment2_method: ``adamuon`` (default), ``normuon`` or ``namo``
             (Megatron's ``adaptive_muon_moment2_method``).
         beta2: second-moment decay in [0, 1) (``adaptive_muon_beta2``). Default 0.95, upstream's.
@@ -132,6 +163,7 @@ class AdaptiveMuon(Muon):
         extra_scale_factor: float = 1.0,
         split_qkv: bool = True,
         batched: bool = True,
+        flatten: bool = False,
         moment2_method: Moment2Method = "adamuon",
         beta2: float = 0.95,
         eps: float = 1e-8,
@@ -141,6 +173,7 @@ class AdaptiveMuon(Muon):
             params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
             fp32_matmul_prec=fp32_matmul_prec, coefficient_type=coefficient_type, num_ns_steps=num_ns_steps,
             scale_mode=scale_mode, extra_scale_factor=extra_scale_factor, split_qkv=split_qkv, batched=batched,
+            flatten=flatten,
         )  # fmt: skip
 
     @override
@@ -157,12 +190,12 @@ class AdaptiveMuon(Muon):
     def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         super()._init_state(param, state, group)
         shape: tuple[int, ...] = tuple(param.shape)  # adamuon: elementwise
-        if group["moment2_method"] == "normuon":
-            reduced = list(shape)
-            reduced[normuon_reduced_dim(*shape)] = 1
-            shape = tuple(reduced)
-        elif group["moment2_method"] == "namo":
-            shape = (1,)
+        matrices = list(matrix_shape(param.shape, flatten=group["flatten"]))
+        if group["moment2_method"] == "normuon":  # per row (or column) of each matrix
+            matrices[normuon_reduced_dim(*matrices[-2:])] = 1
+            shape = tuple(matrices)
+        elif group["moment2_method"] == "namo":  # per matrix; (1,) for one, as upstream's
+            shape = (*matrices[:-2], 1, 1) if len(matrices) > 2 else (1,)
         dtype = compute_dtype(param)
         if not isinstance(param, DTensor):
             state["exp_avg_sq"] = torch.zeros(shape, dtype=dtype, device=param.device)
@@ -177,7 +210,7 @@ class AdaptiveMuon(Muon):
         if group["moment2_method"] == "normuon":
             return frozenset({"orthogonal"})  # row/column means and Frobenius norms span the matrix
         if group["moment2_method"] == "namo":
-            return frozenset({"grad", "direction"})  # their Frobenius norms; O only gets a scalar factor
+            return frozenset({"grad", "direction"})  # their Frobenius norms; O only gets a factor per matrix
         return frozenset()  # adamuon: element-wise
 
     @override
@@ -189,13 +222,19 @@ class AdaptiveMuon(Muon):
         self, orthogonal: torch.Tensor, *, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
         grad: torch.Tensor, direction: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
-        method, v = group["moment2_method"], local_shard(state["exp_avg_sq"])
+        method, v, flatten = group["moment2_method"], local_shard(state["exp_avg_sq"]), group["flatten"]
+        beta2, eps = group["beta2"], group["eps"]
         if method == "adamuon":
-            update = adamuon_(orthogonal, v, beta2=group["beta2"], eps=group["eps"])
-        elif method == "normuon":
-            update = normuon_(orthogonal, v, beta2=group["beta2"], eps=group["eps"])
-        else:
-            update = namo_(orthogonal, v, grad=grad, direction=direction, beta2=group["beta2"], eps=group["eps"])
-        rows, cols = param.shape
+            update = adamuon_(orthogonal, v, beta2=beta2, eps=eps)
+        elif method == "normuon":  # `orthogonal` is whole (_whole_inputs)
+            update = normuon_(as_matrices(orthogonal, flatten=flatten), v, beta2=beta2, eps=eps).reshape(orthogonal.shape)
+        else:  # `grad` and `direction` are whole (_whole_inputs); `orthogonal` only gets a factor per matrix
+            grad, direction = as_matrices(grad, flatten=flatten), as_matrices(direction, flatten=flatten)
+            factor = namo_scale_(v, grad=grad, direction=direction, beta2=beta2, eps=eps)
+            if isinstance(param, DTensor) and factor.numel() > 1:
+                # a stack: this rank's shard holds some of its matrices (any of its dims may be the sharded one)
+                factor = take_shard(factor.expand(param.shape).contiguous(), param)
+            update = orthogonal * factor  # a stack's (..., 1, 1) factors broadcast over the param-shaped tensor
+        rows, cols = matrix_shape(param.shape, flatten=flatten)[-2:]
         extra: float = group["extra_scale_factor"]
         return update * muon_scale_factor(rows, cols, group["scale_mode"]) * extra  # upstream's two products, in order

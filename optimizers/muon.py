@@ -1,8 +1,8 @@
 """Muon: momentum SGD whose update is orthogonalised by Newton–Schulz, batched across matrices.
 
-The math lives in the pure functions below (:func:`muon_scale_factor`,
-:func:`decoupled_weight_decay_`, :func:`momentum_direction_`, :func:`qkv_blocks`) and in
-:func:`optzoo.optimizers.newton_schulz.newton_schulz`; :class:`Muon` is the ``torch.optim`` shell, and its
+The math lives in pure functions (:mod:`optzoo.optimizers.muon_ops`: :func:`muon_scale_factor`,
+:func:`decoupled_weight_decay_`, :func:`momentum_direction_`, :func:`qkv_blocks`, the matrix views)
+and in :func:`optzoo.optimizers.newton_schulz.newton_schulz`; :class:`Muon` is the ``torch.optim`` shell, and its
 step loop is shared with :class:`optzoo.optimizers.adaptive_muon.AdaptiveMuon` through named override
 points (see :class:`Muon`).
 
@@ -10,13 +10,20 @@ A step is planned, then runs in three named stages, as dion's ``muon.py`` has th
 (``muon_update_pre_orthogonalize``, Newton–Schulz, ``muon_update_post_orthogonalize``):
 
 * plan (from shapes and settings alone, before any arithmetic): every matrix the step will
-  orthogonalise (a whole param, or one Q/K/V block of a split param) joins the batch of those
+  orthogonalise (a whole param, one Q/K/V block of a split param, one matrix of a stack, or a
+  flattened N-D param; see :func:`matrix_shape`) joins the batch of those
   with the same shape (``4096 × 1024`` and ``1024 × 4096`` are two batches: stacking them together
   would cost a strided transposed copy each way), dtype, device and Newton–Schulz settings;
 * prepare, per param: decoupled weight decay and momentum give the direction to orthogonalise;
 * orthogonalise, per batch: the matrices stacked, one batched
   :func:`~optzoo.optimizers.newton_schulz.newton_schulz` call, each scaled by ``_orthogonal_scale``;
 * apply, per param: ``_finish_update``, then ``W ← W − lr · update``.
+
+N-D params (``ndim >= 3``): with ``flatten=False`` (the default) a param is a stack of matrices
+over its leading dims, such as a mixture-of-experts ``[experts, rows, cols]`` weight; each matrix
+is orthogonalised and scaled as a 2-D param of its shape would be, and batched with every other
+matrix of that shape. With ``flatten=True`` it is the one matrix ``(shape[0], prod(shape[1:]))``,
+as Muon treats conv filters. Either way, momentum and weight decay stay param-shaped.
 
 Batches run in order of first appearance. A param is prepared when the first batch holding one of
 its matrices is reached and applied as soon as its last one is orthogonalised, so only the params
@@ -26,9 +33,10 @@ path, tested equal to the batched one.
 
 FSDP2 (``fully_shard``): a DTensor param's element-wise steps (weight decay, momentum, the final
 update) run on this rank's shard, and its state is sharded like it; prepare all-gathers the
-direction (one all-gather per param and step), which is orthogonalised whole, batched as above,
-and each rank keeps its own shard of the result. Every rank orthogonalises every matrix:
-redundant compute, accepted for now because it is simple and its result equals a single process's.
+direction (one all-gather per param and step, N-D params included), which is orthogonalised
+whole, batched as above, and each rank keeps its own shard of the result. Every rank
+orthogonalises every matrix: redundant compute, accepted for now because it is simple and its
+result equals a single process's.
 """
 
 from __future__ import annotations
@@ -42,12 +50,24 @@ from types import MappingProxyType
 from typing import Any, Literal, get_args, override
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import ParamsT, StateDict
 
 from .._common import check_choice, check_flag, describe_param
 from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  # re-exported: callers import them from here
 from ._checked import CheckedGroupsOptimizer
+from .muon_ops import (  # re-exported: callers import them from here
+    ScaleMode as ScaleMode,
+    as_matrices as as_matrices,
+    compute_dtype as compute_dtype,
+    decoupled_weight_decay_ as decoupled_weight_decay_,
+    gather_whole as gather_whole,
+    matrix_shape as matrix_shape,
+    momentum_direction_ as momentum_direction_,
+    muon_scale_factor as muon_scale_factor,
+    qkv_blocks as qkv_blocks,
+    take_shard as take_shard,
+)
 from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
 
 __all__ = [
@@ -55,126 +75,65 @@ __all__ = [
     "Muon",
     "PARAM_DTYPES",
     "ScaleMode",
+    "as_matrices",
     "compute_dtype",
     "decoupled_weight_decay_",
     "gather_whole",
     "local_shard",
+    "matrix_shape",
     "momentum_direction_",
     "muon_scale_factor",
     "qkv_blocks",
     "take_shard",
 ]
 
-ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
-"""How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
 FinishInput = Literal["orthogonal", "grad", "direction"]
 """An input of ``_finish_update`` that a variant may need whole under FSDP2 (``_whole_inputs``)."""
 
 
-def muon_scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
-    """The factor on the orthogonalised update of a ``rows × cols`` matrix: upstream's
-    ``get_muon_scale_factor(size_out=rows, size_in=cols, mode)``.
-
-    * ``spectral``: ``√max(rows, cols)`` (Jordan; Kimi, arXiv:2502.16982), lr transfer from AdamW.
-    * ``unit_rms_norm``: ``√(rows / cols)`` (Scion, arXiv:2502.07529): unit RMS→RMS operator norm.
-    * ``shape_scaling``: ``√max(1, rows / cols)`` (https://kellerjordan.github.io/posts/muon/).
-
-    Example:
-        >>> muon_scale_factor(1024, 4096, "spectral"), muon_scale_factor(4096, 1024, "shape_scaling")
-        (64.0, 2.0)
-    """
-    check_choice("`scale_mode`", mode, get_args(ScaleMode))
-    if mode == "shape_scaling":
-        return float(max(1.0, rows / cols) ** 0.5)
-    if mode == "spectral":
-        return float(max(rows, cols) ** 0.5)
-    return float((rows / cols) ** 0.5)  # unit_rms_norm
-
-
-def decoupled_weight_decay_(param: torch.Tensor, *, lr: float, weight_decay: float) -> None:
-    """``W ← W − lr·λ·W`` in place: upstream's ``decoupled`` method, with the same operation."""
-    if weight_decay != 0.0:
-        param.add_(param, alpha=-weight_decay * lr)
-
-
-def momentum_direction_(momentum_buffer: torch.Tensor, grad: torch.Tensor, *, momentum: float, nesterov: bool) -> torch.Tensor:
-    """Update the EMA momentum in place and return the direction to orthogonalise.
-
-    ``M ← M + (1 − μ)(G − M)``, then ``M`` or, with Nesterov, ``G + μ(M − G)``: upstream's
-    ``lerp`` forms, bit for bit. Without Nesterov the returned tensor *is* the buffer.
-    """
-    momentum_buffer.lerp_(grad, 1 - momentum)
-    return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
-
-
-def qkv_blocks(matrix: torch.Tensor, split: Sequence[int]) -> list[torch.Tensor]:
-    """Views of a fused QKV matrix's blocks, each ``(query_groups, split[k], cols)``.
-
-    The rows hold ``query_groups`` repeats of ``sum(split)`` rows (e.g. ``[q, kv, kv]``); block
-    ``k`` gathers the ``split[k]`` rows at the same offset of every group. Orthogonalised, block
-    ``k`` is the ``(query_groups · split[k]) × cols`` matrix ``view.reshape(-1, cols)``, as in
-    Megatron-Core's ``TensorParallelMuon.orthogonalize``.
-
-    Example:
-        >>> [tuple(b.shape) for b in qkv_blocks(torch.zeros(2 * (4 + 2 + 2), 16), [4, 2, 2])]
-        [(2, 4, 16), (2, 2, 16), (2, 2, 16)]
-    """
-    rows, cols = matrix.shape
-    grouped = matrix.view(rows // sum(split), sum(split), cols)
-    return list(torch.split(grouped, list(split), dim=1))
-
-
-def compute_dtype(param: torch.Tensor) -> torch.dtype:
-    """The dtype a param's step (and its state) is computed in: float32 for 16-bit params."""
-    return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
-
-
-def gather_whole(shard: torch.Tensor, like: DTensor) -> torch.Tensor:
-    """The whole tensor whose pieces are every rank's ``shard``, laid out as ``like``'s (an all-gather).
-
-    ``like`` gives the mesh, placements and global shape, so uneven shards (rows not divisible
-    by the world size) come back unpadded.
-    """
-    spread = DTensor.from_local(shard, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
-    return spread.full_tensor()
-
-
-def take_shard(whole: torch.Tensor, like: DTensor) -> torch.Tensor:
-    """This rank's shard of ``whole`` (a tensor every rank holds), laid out as ``like``'s local shard.
-
-    Redistributing from ``Replicate`` to ``like``'s placements slices locally: no communication.
-    """
-    mesh = like.device_mesh
-    replicated = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False)
-    return replicated.redistribute(mesh, like.placements).to_local()
-
-
 @dataclass(frozen=True, eq=False)
 class _Block:
-    """One matrix to orthogonalise: rows ``[start, start + rows)`` of each of ``groups`` row groups of ``param``."""
+    """One matrix to orthogonalise: rows ``[start, start + rows)`` of each of ``groups`` row groups
+    of matrix ``index`` of ``param``, seen as ``layout = (count, rows, cols)`` (:func:`matrix_shape`)."""
 
-    param: torch.Tensor  # a DTensor under FSDP2 (its shape is the whole matrix's)
+    param: torch.Tensor  # a DTensor under FSDP2 (its shape is the whole param's)
     group: dict[str, Any]
+    layout: tuple[int, int, int]  # the param as a stack of matrices: (count, rows, cols)
+    index: int  # which matrix of the stack; 0 for a 2-D or flattened param
     start: int
     rows: int
     groups: int
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.groups * self.rows, self.param.shape[1]
+        return self.groups * self.rows, self.layout[2]
 
     @property
     def whole(self) -> bool:
         """Whether the block is the whole param, so its output can serve as the param's (a view, no copy)."""
-        return self.groups == 1 and self.rows == self.param.shape[0]
+        return self.layout[0] == 1 and self.groups == 1 and self.rows == self.layout[1]
 
     def of(self, full: torch.Tensor) -> torch.Tensor:
-        """This block of a contiguous param-shaped tensor, as a ``(groups, rows, cols)`` view."""
-        return full.view(self.groups, -1, full.shape[1])[:, self.start : self.start + self.rows]
+        """This block of a param-shaped tensor (contiguous, or from :meth:`empty_output`), as a ``(groups, rows, cols)`` view."""
+        _, rows, cols = self.layout
+        matrix = full.view(self.layout)[self.index]
+        return matrix.view(self.groups, rows // self.groups, cols)[:, self.start : self.start + self.rows]
 
     def in_slot(self, slot: torch.Tensor) -> torch.Tensor:
         """A batch slot (stored in the block's own orientation) as a ``(groups, rows, cols)`` view."""
-        return slot.view(self.groups, self.rows, -1)
+        return slot.view(self.groups, self.rows, self.layout[2])
+
+    def empty_output(self, slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """An empty tensor shaped like ``like`` (the param's whole direction) to gather its blocks' outputs in.
+
+        A stack's matrices take their slot's layout (Newton–Schulz returns tall matrices
+        transposed), as a 2-D param's output is its slot: reductions over a matrix in
+        ``_finish_update`` then round the same for both. QKV blocks are gathered row-major.
+        """
+        count, rows, cols = self.layout
+        transposed = self.groups == 1 and slot.stride(-2) < slot.stride(-1)
+        empty = torch.empty((count, cols, rows) if transposed else self.layout, dtype=like.dtype, device=like.device)
+        return (empty.mT if transposed else empty).view(like.shape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,7 +150,7 @@ class _Prepared:
 
 
 class Muon(CheckedGroupsOptimizer):
-    r"""Muon (MomentUm Orthogonalized by Newton–Schulz) for 2-D params, batched across matrices.
+    r"""Muon (MomentUm Orthogonalized by Newton–Schulz) for matrices and stacks of them, batched across matrices.
 
     Per param :math:`W` with gradient :math:`G`, momentum :math:`\mu`, lr :math:`\eta`, weight
     decay :math:`\lambda`:
@@ -206,12 +165,24 @@ class Muon(CheckedGroupsOptimizer):
     ``extra_scale_factor``. A param with a ``qkv_split_shapes`` attribute (say ``[q, kv, kv]``)
     in a group with ``split_qkv`` is orthogonalised (and scaled) per block (:func:`qkv_blocks`).
 
+    An N-D param (``ndim >= 3``) is orthogonalised as :func:`matrix_shape` says. With
+    ``flatten=False`` it is a stack of ``prod(shape[:-2])`` matrices of shape ``shape[-2:]`` (MoE
+    experts ``[E, rows, cols]``): :math:`\mathrm{NS}` and :math:`s(r, c)` apply to each matrix
+    :math:`D_i` on its own, exactly as to a 2-D param holding :math:`D_i`, and its matrices join the
+    batches of every same-shape matrix of the step. With ``flatten=True`` it is the one matrix
+    ``(shape[0], prod(shape[1:]))`` (conv filters ``[out, in, k...]``), scaled by :math:`s` of
+    that shape. Weight decay and momentum are element-wise, so the N-D param and its
+    ``momentum_buffer`` keep their shape.
+
     Paper: Jordan, *Muon*, https://kellerjordan.github.io/posts/muon/. Reference implementation:
     emerging-optimizers 0.3.0, https://github.com/NVIDIA-NeMo/Emerging-Optimizers/blob/v0.3.0/emerging_optimizers/orthogonalized_optimizers/muon.py
     (with ``orthogonalized_optimizer.py``, whose ``step`` it follows); the QKV split is
     Megatron-Core's ``TensorParallelMuon.orthogonalize``,
     https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/optimizer/emerging_optimizers.py.
-    Parity with upstream: tests/optimizers/test_muon.py.
+    The N-D rules and the ``flatten`` option are dion's Muon,
+    https://github.com/microsoft/dion/blob/0c205499e505dbf3da1a7a7d233f37a615021786/dion/muon.py
+    (``muon_update_newton_schulz``, ``adjust_lr_spectral_norm``). Parity with upstream:
+    tests/optimizers/test_muon.py; N-D params against per-matrix 2-D ones: tests/optimizers/test_muon_nd.py.
 
     Deviations from upstream:
         * Every setting is a param-group key (upstream keeps them on the instance and ignores
@@ -225,7 +196,10 @@ class Muon(CheckedGroupsOptimizer):
           ``independent``, ``l2`` and ``palm`` methods and ``use_syrk`` are not offered.
         * Any float param dtype: float64 computes in float64; bf16 and fp16 params compute in
           float32 and keep ``momentum_buffer`` in float32 (upstream: float32 only).
-        * Non-2-D params raise at construction (upstream: at ``step``). ``closure`` is supported.
+        * N-D params are taken (upstream raises at ``step`` for any non-2-D param), as dion's Muon
+          takes them; 1-D and 0-D params raise at construction. A flattened conv filter is scaled
+          by :math:`s` of its flattened shape, as dion does (Keller Jordan's Muon uses the last two
+          dims of the 4-D gradient). ``closure`` is supported.
 
     The step plans its batches (:meth:`_plan`), then runs them in order, in three stages (see the
     module docstring): :meth:`_prepare` each param the batch reaches first (weight decay, momentum,
@@ -239,7 +213,8 @@ class Muon(CheckedGroupsOptimizer):
     :meth:`_whole_inputs` (which of its inputs it needs whole for FSDP2-sharded params).
 
     Args:
-        params: 2-D params or param groups; a group may set any argument below except ``params``.
+        params: params of 2 or more dims, or param groups; a group may set any argument below
+            except ``params``.
         lr: learning rate :math:`\eta` >= 0. Default 3e-4, upstream's.
         momentum: :math:`\mu` in [0, 1) (Megatron's ``muon_momentum``). Default 0.95.
         weight_decay: :math:`\lambda` >= 0, decoupled. Default 0.01, upstream's.
@@ -254,13 +229,16 @@ class Muon(CheckedGroupsOptimizer):
         split_qkv: orthogonalise params carrying ``qkv_split_shapes`` per block
             (``muon_split_qkv``). Default True, Megatron's; params without the attribute are whole.
         batched: orthogonalise same-shape matrices in one batched call. Default True; False is
-            the plain per-tensor path (same result; more, smaller matmuls).
+            the plain per-matrix path (same result; more, smaller matmuls).
+        flatten: orthogonalise an N-D param as the one matrix ``(shape[0], prod(shape[1:]))``
+            (conv filters) instead of as a stack of ``shape[-2:]`` matrices (dion's ``flatten``).
+            Default False: the stack, right for MoE expert weights. 2-D params ignore it.
 
     Raises:
         TypeError: a flag is not a bool, a param's dtype is not in :data:`PARAM_DTYPES`, or
             ``qkv_split_shapes`` is not a sequence of ints.
-        ValueError: a setting is out of range or unknown, a param is not 2-D, or (during
-            ``step``) a gradient is sparse.
+        ValueError: a setting is out of range or unknown, a param has fewer than 2 dims, a param
+            that is not 2-D has ``qkv_split_shapes``, or (during ``step``) a gradient is sparse.
 
     Warns:
         UserWarning: once per param, when its ``qkv_split_shapes`` do not divide its rows; the
@@ -296,13 +274,14 @@ class Muon(CheckedGroupsOptimizer):
         extra_scale_factor: float = 1.0,
         split_qkv: bool = True,
         batched: bool = True,
+        flatten: bool = False,
     ) -> None:
         self._warned_qkv: set[int] = set()  # before super().__init__, which calls add_param_group
         defaults = {
             "lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
             "fp32_matmul_prec": fp32_matmul_prec, "coefficient_type": coefficient_type,
             "num_ns_steps": num_ns_steps, "scale_mode": scale_mode, "extra_scale_factor": extra_scale_factor,
-            "split_qkv": split_qkv, "batched": batched, **self._variant_defaults,
+            "split_qkv": split_qkv, "batched": batched, "flatten": flatten, **self._variant_defaults,
         }  # fmt: skip
         super().__init__(params, defaults)
 
@@ -327,17 +306,18 @@ class Muon(CheckedGroupsOptimizer):
         check_choice(f"{where}: `coefficient_type`", group["coefficient_type"], get_args(CoefficientType))
         check_choice(f"{where}: `fp32_matmul_prec`", group["fp32_matmul_prec"], get_args(MatmulPrecision))
         check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(ScaleMode))
-        for key in ("nesterov", "split_qkv", "batched"):
+        for key in ("nesterov", "split_qkv", "batched", "flatten"):
             check_flag(f"{where}: `{key}`", group[key])
         for param_index, param in enumerate(group["params"]):
             self._check_param(param, group, describe_param(group, index, param_index))
 
     def _check_param(self, param: torch.Tensor, group: dict[str, Any], where: str) -> None:
         name = type(self).__name__
-        if param.ndim != 2:
+        if param.ndim < 2:
             raise ValueError(
-                f"{where}: {name} takes 2-D only; route it to the scalar optimizer; "
-                f"got shape {tuple(param.shape)}; expected (rows, cols)"
+                f"{where}: {name} takes matrices, stacks of matrices (flatten=False) or N-D weights "
+                f"flattened to matrices (flatten=True); route it to the scalar optimizer; "
+                f"got shape {tuple(param.shape)}; expected 2 or more dims"
             )
         if param.dtype not in PARAM_DTYPES:
             raise TypeError(f"{where}: dtype not supported; got {param.dtype}; expected one of {PARAM_DTYPES}")
@@ -354,7 +334,14 @@ class Muon(CheckedGroupsOptimizer):
     def _qkv_split(self, param: torch.Tensor, group: dict[str, Any], where: str) -> list[int] | None:
         """The block sizes to split ``param`` into, or None; warns once if they do not divide it."""
         split: Sequence[int] | None = getattr(param, "qkv_split_shapes", None)
-        if not group["split_qkv"] or split is None:
+        if split is None:
+            return None
+        if param.ndim != 2:  # also checked here, at step, for an attribute set after construction
+            raise ValueError(
+                f"{where}: `qkv_split_shapes`: only a 2-D fused QKV matrix can be split; got {list(split)} "
+                f"on shape {tuple(param.shape)}; expected a 2-D param, or no qkv_split_shapes"
+            )
+        if not group["split_qkv"]:
             return None
         if param.shape[0] % sum(split) == 0:
             return list(split)
@@ -410,7 +397,7 @@ class Muon(CheckedGroupsOptimizer):
         batches = self._plan()
         remaining = Counter(block.param for blocks in batches for block in blocks)
         prepared: dict[torch.Tensor, _Prepared] = {}
-        orthogonal: dict[torch.Tensor, torch.Tensor] = {}  # per param; a split one's fills in block by block
+        orthogonal: dict[torch.Tensor, torch.Tensor] = {}  # per param; a split one's or a stack's fills in block by block
         for blocks in batches:
             for block in blocks:
                 if block.param not in prepared:  # its first batch: prepare now, not before (memory)
@@ -419,11 +406,10 @@ class Muon(CheckedGroupsOptimizer):
             for slot, block in zip(out, blocks):
                 param = block.param
                 if block.whole:
-                    orthogonal[param] = block.in_slot(slot)[0]  # a view, no copy
+                    orthogonal[param] = slot.view(param.shape)  # a view, no copy
                 else:
-                    matrix = prepared[param].matrix
                     if param not in orthogonal:
-                        orthogonal[param] = torch.empty(matrix.shape, dtype=matrix.dtype, device=matrix.device)
+                        orthogonal[param] = block.empty_output(slot, prepared[param].matrix)
                     block.of(orthogonal[param]).copy_(block.in_slot(slot))
                 remaining[param] -= 1
                 if remaining[param] == 0:  # its last block: apply now, and let its tensors go
@@ -448,12 +434,14 @@ class Muon(CheckedGroupsOptimizer):
         return list(batches.values())
 
     def _blocks(self, param: torch.Tensor, group: dict[str, Any], where: str) -> list[_Block]:
-        rows = param.shape[0]
-        split = self._qkv_split(param, group, where)
+        *stacked, rows, cols = matrix_shape(param.shape, flatten=group["flatten"])
+        layout = (math.prod(stacked), rows, cols)
+        split = self._qkv_split(param, group, where)  # only for 2-D params: one matrix
         if split is None:
-            return [_Block(param, group, start=0, rows=rows, groups=1)]
+            return [_Block(param, group, layout, index, start=0, rows=rows, groups=1) for index in range(layout[0])]
         return [
-            _Block(param, group, start=sum(split[:k]), rows=size, groups=rows // sum(split)) for k, size in enumerate(split)
+            _Block(param, group, layout, 0, start=sum(split[:k]), rows=size, groups=rows // sum(split))
+            for k, size in enumerate(split)
         ]
 
     @staticmethod
@@ -530,6 +518,8 @@ class Muon(CheckedGroupsOptimizer):
 
         torch casts every floating state tensor to its param's dtype, which would round a bf16
         param's float32 ``momentum_buffer`` to bf16; such tensors are re-read from ``state_dict``.
+        A saved group that lacks a setting (a checkpoint from before the setting existed, such as
+        ``flatten``) gets this optimizer's default for it, as ``add_param_group`` would give.
         """
         restored: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
         for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
@@ -543,5 +533,8 @@ class Muon(CheckedGroupsOptimizer):
                         if torch.is_tensor(value) and value.is_floating_point()
                     }
         super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
         for param, values in restored.items():
             self.state[param].update(values)

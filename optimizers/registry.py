@@ -10,6 +10,7 @@ it), its family (MuP's rules), the shapes it takes and what it hands to a fallba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
@@ -17,7 +18,7 @@ from typing import Any, Literal, TypedDict
 import torch
 from torch.distributed.tensor import DTensor
 
-from .._common import fused_supported
+from .._common import SCALAR_ROLES, fused_supported
 from . import _emerging
 from .adaptive_muon import AdaptiveMuon
 from .muon import Muon
@@ -28,6 +29,7 @@ __all__ = [
     "ELEMENTWISE_FLOPS_PER_ELEMENT",
     "Family",
     "OptimizerSpec",
+    "Placement",
     "Source",
     "fused_supported",
     "get_spec",
@@ -44,7 +46,16 @@ vector-like params' lr scales by width); ``orthogonalized``, the Muon family (th
 manages keep its own shape scaling); ``sign`` (Lion) and ``preconditioned`` (SOAP): hidden lr."""
 ParamGroups = list[dict[str, Any]]
 UpdateCost = Callable[[tuple[int, ...], Mapping[str, Any]], float]
-"""FLOPs of one update of a param of this shape, given the group's config fields (``config_fields``)."""
+"""FLOPs of one update of a param of this shape, given the group's config fields (``config_fields``)
+and ``flatten`` (whether its N-D params are one flattened matrix)."""
+Placement = Literal["take", "take_flattened", "decline", "cannot"]
+"""What an algorithm does with a parameter: takes it (as a matrix, a stack of matrices, or
+``take_flattened``: one matrix of its first dim by the rest), declines it to its fallback
+optimizer unless a rule routes it there explicitly, or cannot take it at all."""
+Place = Callable[[torch.Tensor, frozenset[str], Mapping[str, Any], bool], Placement]
+"""``place(param, roles, config fields, explicit)``: the :data:`Placement` of ``param``, given its
+roles (:data:`optzoo._common.ROLES`), its group's config fields and whether a user rule set
+``optimizer`` for it (an explicit rule overrides a decline, never a ``cannot``)."""
 
 ELEMENTWISE_FLOPS_PER_ELEMENT = 10
 """Rough cost of one element of an element-wise update (Adam: ~10 flops), to weigh element-wise
@@ -83,15 +94,13 @@ class OptimizerSpec:
     """Maps the group's resolved config fields to torch param-group hyperparameters."""
     build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer]
     """Builds the optimizer from complete param groups and the instance fields."""
-    accepts: Callable[[torch.Tensor], bool] | None = None
-    """Shape constraint (``None``: any param); the others go to ``fallback_field``'s optimizer."""
-    declines: Callable[[torch.Tensor], bool] | None = None
-    """Params it could take but leaves to the fallback unless a rule routes them to it
-    explicitly (Muon: embeddings and output layers, ``use_muon=False``)."""
+    place: Place | None = None
+    """Which params it takes, by shape and role (``None``: every param). The params it declines
+    or cannot take go to the optimizer named by ``fallback_field``."""
     fallback_field: str | None = None
     """Config field naming the optimizer for the params above, e.g. ``muon_scalar_optimizer``."""
     declines_what: str = ""
-    """What ``declines`` selects, in words, for explanations (e.g. "embeddings/output layers")."""
+    """What ``place`` declines, in words, for explanations (e.g. "embeddings, output layers, ...")."""
     precision_aware: bool = False
     """It runs under ``use_precision_aware_optimizer`` (typed master weights and moments)."""
     scalar_fallback: bool = False
@@ -236,13 +245,37 @@ register(
 )
 
 
-def _is_matrix(param: torch.Tensor) -> bool:
-    return param.dim() == 2
+def _place_matrix(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, *, n_d: bool) -> Placement:
+    """The Muon family's and SOAP's placement (Keller Jordan's Muon, Megatron-Core, Moonlight).
+
+    Matrices and routers are taken. Embeddings, output heads, biases, norms and vectors (by
+    role) are declined. With ``n_d`` (the Muon family), expert stacks are taken as stacks of
+    matrices, and conv filters as one flattened matrix when ``muon_flatten_conv`` is set (else
+    declined); other N-D params cannot be taken. Megatron's ``use_muon`` tag wins over roles:
+    ``False`` declines, ``True`` takes (where the shape allows), as an explicit rule does.
+    """
+    ndim = param.dim()
+    conv = "conv" in roles and ndim > 2
+    if ndim < 2 or (ndim > 2 and not (n_d and (conv or "expert" in roles))):
+        return "cannot"
+    take: Placement = "take_flattened" if conv else "take"
+    use_muon = getattr(param, "use_muon", None)
+    if explicit or use_muon is True:
+        return take
+    if use_muon is False or not SCALAR_ROLES.isdisjoint(roles) or (conv and not fields["muon_flatten_conv"]):
+        return "decline"
+    return take
 
 
-def _embedding_output_or_opted_out(param: torch.Tensor) -> bool:
-    """Megatron-Core hands embeddings/output layers (and ``use_muon=False``) to the scalar optimizer."""
-    return bool(getattr(param, "is_embedding_or_output_parameter", False)) or getattr(param, "use_muon", True) is False
+def _place_muon(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool) -> Placement:
+    return _place_matrix(param, roles, fields, explicit, n_d=True)
+
+
+def _place_soap(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool) -> Placement:
+    return _place_matrix(param, roles, fields, explicit, n_d=False)
+
+
+_DECLINES = "embeddings, heads, biases, norms, vectors, use_muon=False"
 
 
 def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
@@ -282,12 +315,17 @@ def soap_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
 
 
 def newton_schulz_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
-    """Newton–Schulz FLOPs of the cheaper variant (:func:`~optzoo.optimizers.newton_schulz.newton_schulz_flops`)."""
-    if len(shape) != 2:
+    """Newton–Schulz FLOPs of the cheaper variant (:func:`~optzoo.optimizers.newton_schulz.newton_schulz_flops`)
+    of each matrix: a 2-D param, each matrix of a stack (an expert's), or the flattened matrix
+    (``flatten``: ``shape[0]`` by the rest)."""
+    if len(shape) < 2:
         return elementwise_cost(shape, fields)
-    rows, cols = shape
+    if fields.get("flatten"):
+        count, (rows, cols) = 1, (shape[0], math.prod(shape[1:]))
+    else:
+        count, (rows, cols) = math.prod(shape[:-2]), shape[-2:]
     steps = fields["muon_num_ns_steps"]
-    return float(min(newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")))
+    return float(count * min(newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")))
 
 
 def _matrix_only(
@@ -297,12 +335,14 @@ def _matrix_only(
     source: Source,
     family: Family,
     update_cost: UpdateCost,
+    shapes: str,
+    place: Place,
     config_fields: tuple[str, ...],
     instance_fields: tuple[str, ...],
     group_options: Callable[[Mapping[str, Any]], dict[str, Any]],
     build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer],
 ) -> OptimizerSpec:
-    """A record for a 2-D-only algorithm that hands everything else to ``muon_scalar_optimizer``,
+    """A record for a matrix algorithm that hands everything else to ``muon_scalar_optimizer``,
     as Megatron-Core routes Muon's and SOAP's non-matrix and embedding params to Adam."""
     return OptimizerSpec(
         name=name,
@@ -311,15 +351,14 @@ def _matrix_only(
         family=family,
         elementwise=False,
         update_cost=update_cost,
-        shapes="2-D only",
+        shapes=shapes,
         config_fields=config_fields,
         instance_fields=instance_fields,
         group_options=group_options,
         build=build,
-        accepts=_is_matrix,
-        declines=_embedding_output_or_opted_out,
+        place=place,
         fallback_field="muon_scalar_optimizer",
-        declines_what="embeddings/output layers and use_muon=False params",
+        declines_what=_DECLINES,
     )
 
 
@@ -330,6 +369,8 @@ register(
         source="emerging-optimizers",
         family="preconditioned",
         update_cost=soap_cost,
+        shapes="2-D only",
+        place=_place_soap,
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
             "soap_use_kl_shampoo", "muon_scalar_optimizer",
@@ -346,7 +387,9 @@ register(
 _MUON_FIELDS = (
     "muon_momentum", "muon_nesterov", "muon_fp32_matmul_prec", "muon_coefficient_type", "muon_num_ns_steps",
     "muon_scale_mode", "muon_extra_scale_factor", "muon_split_qkv", "muon_tp_mode", "muon_scalar_optimizer",
+    "muon_flatten_conv",
 )  # fmt: skip
+_MUON_SHAPES = "matrices, expert stacks, conv filters"
 
 
 def _muon_options(c: Mapping[str, Any]) -> dict[str, Any]:
@@ -366,6 +409,8 @@ register(
         source="optzoo",
         family="orthogonalized",
         update_cost=newton_schulz_cost,
+        shapes=_MUON_SHAPES,
+        place=_place_muon,
         config_fields=_MUON_FIELDS,
         instance_fields=(),
         group_options=_muon_options,
@@ -380,6 +425,8 @@ register(
         source="optzoo",
         family="orthogonalized",
         update_cost=newton_schulz_cost,
+        shapes=_MUON_SHAPES,
+        place=_place_muon,
         config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
         instance_fields=(),
         group_options=lambda c: {

@@ -7,14 +7,17 @@ from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConf
 from optzoo.config_file import dump_recipe, load_recipe, parse_recipe, recipe_from_overrides, shipped_recipes
 from optzoo.factory import get_optimizer
 from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_group_configs
+from optzoo.lint import Finding, RoutingLintWarning, lint_routing
 from optzoo.mup import get_mup_config_overrides
 from optzoo.optimizers.registry import OptimizerSpec, register, registered_names
 from optzoo.routing import (
     ParamKey,
     ParamPredicate,
+    ParamRoles,
     ParamWithNamePredicate,
     RoutingConflictError,
     get_predicate,
+    infer_roles,
     register_predicate,
     registered_predicates,
     resolve_param_groups,
@@ -36,6 +39,7 @@ __all__ = [
     "ConstantGradScaler",
     "DynamicGradScaler",
     "FP32Optimizer",
+    "Finding",
     "Float16OptimizerWithFloat16Params",
     "MegatronGradScaler",
     "MixedPrecisionOptimizer",
@@ -44,15 +48,19 @@ __all__ = [
     "OptimizerSpec",
     "ParamKey",
     "ParamPredicate",
+    "ParamRoles",
     "ParamWithNamePredicate",
     "ResolvedGroup",
     "RoutingConflictError",
+    "RoutingLintWarning",
     "SGDOptimizerConfig",
     "dump_recipe",
     "get_mup_config_overrides",
     "get_optimizer",
     "get_predicate",
     "get_standard_config_overrides",
+    "infer_roles",
+    "lint_routing",
     "load_recipe",
     "make_grad_scaler",
     "parse_recipe",

@@ -7,13 +7,16 @@ so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``test
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch.distributed.tensor import DTensor
 
 __all__ = [
     "PARAM_DTYPES",
+    "ROLES",
+    "SCALAR_ROLES",
+    "Role",
     "check_choice",
     "check_flag",
     "describe_param",
@@ -23,6 +26,15 @@ __all__ = [
     "local_shard",
     "shorten",
 ]
+
+Role = Literal["embedding", "output", "bias", "norm", "expert", "router", "conv", "matrix", "vector"]
+"""What a parameter is, read from the model (``optzoo.routing.roles``): a lookup table, the output
+head, a bias, a norm's scale or shift, a stack of per-expert matrices, an MoE router, a conv
+filter, and, when nothing more is known, a matrix (2-D and up) or a vector (1-D and 0-D). Routing
+and the optimizers' registry records share this vocabulary, so it lives in the bottom layer."""
+ROLES: tuple[Role, ...] = get_args(Role)
+SCALAR_ROLES: frozenset[Role] = frozenset({"embedding", "output", "bias", "norm", "vector"})
+"""The roles the Muon family hands to its scalar optimizer (Keller Jordan's Muon, Megatron-Core)."""
 
 PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 """Param dtypes the optimizers take: float64 computes in float64, the others in float32."""

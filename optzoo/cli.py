@@ -1,4 +1,4 @@
-"""The ``optzoo`` command line: ``list``, ``dump-param-groups`` and ``demo``."""
+"""The ``optzoo`` command line: ``list``, ``dump-param-groups``, ``lint`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from tabulate import tabulate
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
 from optzoo.distributed.plan import Mode, plan_shards
-from optzoo.groups import resolve_group_configs
+from optzoo.groups import ResolvedGroup, resolve_group_configs
+from optzoo.lint import Finding, findings_as_json, lint_routing
 from optzoo.models import BUILTIN_MODELS, build_model
 from optzoo.reporting import (
+    EXPLAIN_HEADERS,
     GROUP_HEADERS,
     OPTIMIZER_HEADERS,
     RANK_HEADERS,
@@ -30,8 +32,9 @@ from optzoo.reporting import (
     param_group_map,
     rank_rows,
 )
+from optzoo.routing import Routing
 
-__all__ = ["build_parser", "main"]
+__all__ = ["LINT_EXIT_STATUS", "build_parser", "main"]
 
 DEFAULT_LR = 1e-3
 """lr of the config ``dump-param-groups`` uses when no ``--config`` is given."""
@@ -73,14 +76,12 @@ def _distributed_mode(args: argparse.Namespace, config: OptimizerConfig) -> Mode
     return mode
 
 
-def _cmd_dump(args: argparse.Namespace) -> int:
-    if args.world_size is not None and args.world_size < 1:
-        raise ValueError(f"`--world-size`: must be at least 1; got {args.world_size}; expected an integer >= 1")
-    if args.distributed_mode is not None and args.world_size is None:
-        raise ValueError(
-            f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "
-            "without it; expected --world-size N as well"
-        )
+LINT_EXIT_STATUS = 3
+"""Exit status of ``optzoo lint`` (and ``dump-param-groups --lint``) under ``--strict`` when it finds something."""
+
+
+def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGroup], Routing]:
+    """The config file (or the default config) and the model of ``args``, routed; warnings to stderr."""
     if args.config:
         config, overrides = load_config_file(args.config)
     else:
@@ -92,6 +93,35 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         groups, routing = resolve_group_configs(config, chunks, overrides, strict=args.strict)
     for warning in caught:
         print(f"optzoo: warning: {warning.message}", file=sys.stderr)
+    return config, groups, routing
+
+
+def _lint_status(findings: list[Finding], args: argparse.Namespace) -> int:
+    return LINT_EXIT_STATUS if findings and args.strict else 0
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    _, groups, routing = _resolve(args)
+    findings = lint_routing(groups, routing)
+    if args.format == "json":
+        print(json.dumps(findings_as_json(findings), indent=2))
+    else:
+        for finding in findings:
+            print(f"lint: {finding.kind}: {finding.message}")
+        print(f"{len(findings)} finding{'' if len(findings) == 1 else 's'}")
+    return _lint_status(findings, args)
+
+
+def _cmd_dump(args: argparse.Namespace) -> int:
+    if args.world_size is not None and args.world_size < 1:
+        raise ValueError(f"`--world-size`: must be at least 1; got {args.world_size}; expected an integer >= 1")
+    if args.distributed_mode is not None and args.world_size is None:
+        raise ValueError(
+            f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "
+            "without it; expected --world-size N as well"
+        )
+    config, groups, routing = _resolve(args)
+    findings = lint_routing(groups, routing) if args.lint else []
     # The plan every rank of get_optimizer would compute: it needs only shapes, so meta is enough.
     plan = None if args.world_size is None else plan_shards(groups, args.world_size, _distributed_mode(args, config))
     owners = {} if plan is None else owner_shards(groups, plan)
@@ -99,6 +129,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         document = param_group_map(groups, routing)
         if not args.explain:
             document.pop("matched_rules")
+            document.pop("roles")
         for group in document["groups"]:
             group.pop("config")
         if plan is not None:
@@ -108,12 +139,13 @@ def _cmd_dump(args: argparse.Namespace) -> int:
                 name: [{"rank": s.rank, "start": s.start, "stop": s.stop} for s in shards] for name, shards in owners.items()
             }
             document["ranks"] = rank_rows(plan)
+        if args.lint:
+            document["lint"] = findings_as_json(findings)
         print(json.dumps(document, indent=2))
-        return 0
+        return _lint_status(findings, args)
     print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
     if args.explain or plan is not None:
-        rows = explain_rows(groups, routing)
-        headers = ["parameter", "group", "shape", "matched rules"]
+        rows, headers = explain_rows(groups, routing), EXPLAIN_HEADERS
         if not args.explain:
             rows, headers = [row[:3] for row in rows], headers[:3]
         if plan is not None:
@@ -125,7 +157,12 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         print()
         print(f"{plan.mode} plan over {plan.world_size} rank{'s' if plan.world_size > 1 else ''}:")
         print(tabulate(table, headers=RANK_HEADERS, tablefmt="simple", floatfmt=".1f", disable_numparse=[3], colalign=("right",) * 5))
-    return 0
+    if args.lint:
+        print()
+        for finding in findings:
+            print(f"lint: {finding.kind}: {finding.message}")
+        print(f"{len(findings)} lint finding{'' if len(findings) == 1 else 's'}")
+    return _lint_status(findings, args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -133,6 +170,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     run_demo(steps=args.steps)
     return 0
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True,
+        help=f"built-in model ({', '.join(sorted(BUILTIN_MODELS))}), hf:ConfigClass or hf:path/config.json "
+        "(a tiny Hugging Face model), or package.module:callable; built on the meta device",
+    )  # fmt: skip
+    parser.add_argument("--config", help=f"TOML or Python file, or a shipped recipe's name, with config and overrides (default: lr={DEFAULT_LR}, standard overrides)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,14 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(run=_cmd_list)
 
     dump = commands.add_parser("dump-param-groups", help="show how a model's parameters are grouped")
-    dump.add_argument(
-        "--model", required=True,
-        help=f"built-in model ({', '.join(sorted(BUILTIN_MODELS))}) or package.module:callable; built on the meta device",
-    )
-    dump.add_argument("--config", help=f"TOML or Python file with config and overrides (default: lr={DEFAULT_LR}, standard overrides)")
-    dump.add_argument("--explain", action="store_true", help="add one row per parameter with the rules that matched it")
+    _model_arguments(dump)
+    dump.add_argument("--explain", action="store_true", help="add one row per parameter: its roles and the rules that matched it")
     dump.add_argument("--format", choices=["table", "json"], default="table")
-    dump.add_argument("--strict", action="store_true", help="a rule that matches nothing is an error")
+    dump.add_argument(
+        "--strict", action="store_true",
+        help=f"a rule that matches nothing is an error; with --lint, a finding exits with status {LINT_EXIT_STATUS}",
+    )
+    dump.add_argument("--lint", action="store_true", help="also run the routing linter (what `optzoo lint` prints)")
     dump.add_argument(
         "--world-size", type=int, metavar="N",
         help="also show the distributed optimizer's plan over N ranks: each param's owner and each rank's load",
@@ -161,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the plan with --world-size (default: sharded if the config sets use_distributed_optimizer, else layer_wise)",
     )
     dump.set_defaults(run=_cmd_dump)
+
+    lint = commands.add_parser("lint", help="routings that run but look wrong: embeddings on Muon, decayed norms, ...")
+    _model_arguments(lint)
+    lint.add_argument("--format", choices=["table", "json"], default="table")
+    lint.add_argument(
+        "--strict", action="store_true",
+        help=f"a rule that matches nothing is an error, and a finding exits with status {LINT_EXIT_STATUS}",
+    )
+    lint.set_defaults(run=_cmd_lint)
 
     demo = commands.add_parser("demo", help="train the built-in GPT on the standard library's source")
     demo.add_argument("--steps", type=int, default=120)

@@ -49,7 +49,7 @@ GROUP_FIELDS: tuple[str, ...] = (
     "sgd_momentum",
     "muon_momentum", "muon_split_qkv", "muon_nesterov", "muon_scale_mode", "muon_fp32_matmul_prec",
     "muon_coefficient_type", "muon_num_ns_steps", "muon_tp_mode", "muon_extra_scale_factor",
-    "muon_scalar_optimizer",
+    "muon_scalar_optimizer", "muon_flatten_conv",
     "lion_beta1", "lion_beta2",
     "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
     "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
@@ -187,6 +187,11 @@ class OptimizerConfig:
     """Denominator epsilon of Adaptive Muon."""
     muon_scalar_optimizer: str = "adam"
     """Optimizer for the parameters Muon does not take (embeddings, biases, norms)."""
+    muon_flatten_conv: bool = True
+    """Conv filters go to the Muon family as one matrix, out channels by the rest (Keller Jordan's
+    Muon), when True; to ``muon_scalar_optimizer`` when False. An optzoo extension (Megatron-Core
+    has no conv layers); per group, so ``{ParamKey(role="conv"): {"muon_flatten_conv": False}}``
+    switches it for some layers."""
 
     # ---- Lion -------------------------------------------------------------------------------
     lion_beta1: float = 0.95

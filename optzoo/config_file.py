@@ -129,7 +129,7 @@ def recipe_from_overrides(
         >>> from optzoo import get_standard_config_overrides
         >>> config = OptimizerConfig(lr=1e-3)
         >>> recipe_from_overrides(get_standard_config_overrides(config), config)
-        {'config': {'lr': 0.001}, 'overrides': [{'name': '*.bias', 'predicate': 'is_1d', 'set': {'wd_mult': 0.0}}]}
+        {'config': {'lr': 0.001}, 'overrides': [{'name': '*.bias', 'predicate': 'is_1d', 'role': ['bias', 'norm'], 'set': {'wd_mult': 0.0}}]}
     """
     document: dict[str, Any] = {}
     if config is not None:
@@ -315,7 +315,7 @@ def load_recipe(name: str) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValu
     Example:
         >>> config, overrides = load_recipe("muon-llm")
         >>> [key.describe() for key in overrides]
-        ["predicate='is_muon_matrix', exclude=(with_name_predicate='is_embedding_or_output')", "predicate='is_1d'"]
+        ["with_name_predicate='is_embedding_or_output', role=('embedding', 'output')", "predicate='is_1d', role=('bias', 'norm')"]
     """
     shipped = shipped_recipes()
     if name not in shipped:

@@ -17,6 +17,7 @@ from optzoo.distributed.optimizer import DistributedOptimizer, ParamSync
 from optzoo.distributed.plan import Mode, ShardingPlan, plan_shards
 from optzoo.distributed.setup import check_same_model, data_parallel_group
 from optzoo.groups import OverrideValue, ResolvedGroup, resolve_group_configs
+from optzoo.lint import lint_routing, warn_findings
 from optzoo.optimizers.registry import get_spec
 from optzoo.reporting import param_group_map
 from optzoo.routing import ParamKey, Routing, named_trainable_parameters
@@ -43,6 +44,7 @@ def get_optimizer(
     process_group: dist.ProcessGroup | None = None,
     param_sync: ParamSync = "all_gather",
     pg_collection: Any = None,
+    lint: bool = True,
 ) -> MixedPrecisionOptimizer:
     """Build one optimizer for every trainable parameter of ``model_chunks``.
 
@@ -66,6 +68,7 @@ def get_optimizer(
             (default) or ``broadcast``.
         pg_collection: Megatron-Core's ``ProcessGroupCollection`` (or any object with a ``dp_cp``
             or ``dp`` process group): its data-parallel group is used as ``process_group``.
+        lint: Run the routing linter (:mod:`optzoo.lint`) and warn once per finding.
 
     Returns:
         A :class:`Float16OptimizerWithFloat16Params` when ``fp16``/``bf16`` (fp32 main copies of
@@ -78,6 +81,10 @@ def get_optimizer(
         ValueError: Conflicting overrides, bad override fields or values, ``lr`` unset, or a
             config flag optzoo cannot honour.
 
+    Warns:
+        RoutingLintWarning: A routing that looks wrong (:func:`optzoo.lint.lint_routing`), once per
+            finding, naming the parameters and the fix.
+
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         >>> opt = get_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.1), model)
@@ -86,6 +93,8 @@ def get_optimizer(
     """
     chunks = _trainable_chunks(model_chunks)
     groups, routing = resolve_group_configs(config, chunks, config_overrides, strict=strict)
+    if lint:
+        warn_findings(lint_routing(groups, routing))
     check_param_dtypes(config, groups)
     group = data_parallel_group(config, groups, process_group=process_group, pg_collection=pg_collection)
     plan = _sharding_plan(config, groups, group)

@@ -6,7 +6,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -123,6 +123,9 @@ class ResolvedGroup:
     """End of the ramp, as ``start_wd``: the override's ``end_wd``, else its ``weight_decay``."""
     auto_routed: str | None = None
     """Why these params were moved to a fallback optimizer (e.g. Muon's scalar optimizer)."""
+    flatten: bool = False
+    """Its N-D params are each one matrix, first dim by the rest (conv filters for the Muon
+    family: the torch group's ``flatten``), not stacks of matrices (expert stacks)."""
 
     @property
     def optimizer(self) -> str:
@@ -148,6 +151,8 @@ class ResolvedGroup:
             "min_lr": self.min_lr,
             "wd_mult": self.wd_mult,
         }
+        if self.flatten:
+            group["flatten"] = True
         # As in Megatron-Core, only a group whose override sets them carries start_wd/end_wd, so a
         # scheduler's own range (e.g. a ramp 0.0 -> 0.1) reaches every other group.
         for name in ("start_wd", "end_wd"):
@@ -166,6 +171,7 @@ class ResolvedGroup:
             "wd_mult": self.wd_mult,
             "override": {k: jsonable(v) for k, v in self.override.items()},
             "auto_routed": self.auto_routed,
+            **({"flatten": True} if self.flatten else {}),
             "num_params": len(self.params),
             "num_elements": sum(routed.param.numel() for routed in self.params),
             "config": {
@@ -226,9 +232,18 @@ def resolve_group_configs(
             group_config = config.replace(**config_fields)
         except ValueError as error:
             raise ValueError(f"{subject}: {error}") from None
-        for part_config, part_params, reason in _hand_off_to_fallback(group_config, group.params, override, routing, len(chunks)):
-            resolved.append(_resolve_one(len(resolved), part_config, override, part_params, reason, subject, len(chunks)))
+        for part in _hand_off_to_fallback(group_config, group.params, override, routing, len(chunks)):
+            resolved.append(_resolve_one(len(resolved), part, override, subject, len(chunks)))
     return resolved, routing
+
+
+class _Part(NamedTuple):
+    """Some params of a routed group, as one resolved group."""
+
+    config: OptimizerConfig
+    params: tuple[RoutedParam, ...]
+    auto_routed: str | None = None
+    flatten: bool = False
 
 
 def _hand_off_to_fallback(
@@ -237,56 +252,53 @@ def _hand_off_to_fallback(
     override: Mapping[str, Any],
     routing: Routing,
     num_chunks: int,
-) -> list[tuple[OptimizerConfig, tuple[RoutedParam, ...], str | None]]:
-    """Hand the params an algorithm does not take (Muon: non-2-D, embeddings) to its fallback.
+) -> list[_Part]:
+    """Hand the params an algorithm does not take to its fallback, by the record's ``place``.
 
-    A param is moved to the optimizer named by the spec's ``fallback_field`` (e.g.
-    ``muon_scalar_optimizer``) when the algorithm cannot take its shape, or by default declines
-    it (embedding/output, ``use_muon=False``), unless a user rule set ``optimizer`` for it: a rule
-    may route a 2-D embedding to Muon, but routing a non-2-D param there is an error.
+    A param goes to the optimizer named by the spec's ``fallback_field`` (e.g.
+    ``muon_scalar_optimizer``) when the algorithm cannot take it (Muon: a 1-D param), or declines
+    it by default (Muon: an embedding, the head, a bias, a norm, ``use_muon=False``), unless a
+    user rule set ``optimizer`` for it: a rule may route an embedding to Muon, but routing a
+    param there that it cannot take is an error. Flattened conv filters get their own group.
     """
     spec = get_spec(config.optimizer)
-    if spec.accepts is None or spec.fallback_field is None:
-        return [(config, params, None)]
+    if spec.place is None or spec.fallback_field is None:
+        return [_Part(config, params)]
     fallback = getattr(config, spec.fallback_field)
     explicit = "optimizer" in override
-    kept, moved, declined = [], [], []
+    fields = {name: getattr(config, name) for name in spec.config_fields}
+    kept: list[RoutedParam] = []
+    flattened: list[RoutedParam] = []
+    moved: list[RoutedParam] = []
+    declined: list[RoutedParam] = []
     for routed in params:
-        if not spec.accepts(routed.param):
+        placement = spec.place(routed.param, routed.roles.names, fields, explicit)
+        if placement == "cannot":
             if explicit:
                 rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
                 raise ValueError(
                     f"`{qualified_names(routed, num_chunks)[0]}` ({routed.param.dim()}-D, shape "
-                    f"{tuple(routed.param.shape)}): routed to {spec.name} by rule {' '.join(rules)}; "
-                    f"got a shape {spec.name} does not take ({spec.shapes}); expected it routed to "
-                    f"another optimizer, e.g. {fallback!r}"
+                    f"{tuple(routed.param.shape)}, {routed.roles.describe()}): routed to {spec.name} by rule "
+                    f"{' '.join(rules)}; got a param {spec.name} does not take ({spec.shapes}); expected it "
+                    f"routed to another optimizer, e.g. {fallback!r}"
                 )
             moved.append(routed)
-        elif spec.declines is not None and spec.declines(routed.param) and not explicit:
+        elif placement == "decline":
             declined.append(routed)
         else:
-            kept.append(routed)
-    parts: list[tuple[OptimizerConfig, tuple[RoutedParam, ...], str | None]] = []
-    if kept:
-        parts.append((config, tuple(kept), None))
+            (flattened if placement == "take_flattened" else kept).append(routed)
+    parts = [_Part(config, tuple(members), flatten=flat) for members, flat in ((kept, False), (flattened, True)) if members]
     # One group per reason, so each moved param carries the reason that applies to it.
     for moved_params, why in ((declined, f"leaves {spec.declines_what}"), (moved, f"takes {spec.shapes}")):
         if moved_params:
             reason = f"auto: {spec.name} {why} -> {spec.fallback_field}={fallback!r}"
-            parts.append((config.replace(optimizer=fallback), tuple(moved_params), reason))
+            parts.append(_Part(config.replace(optimizer=fallback), tuple(moved_params), reason))
     return parts
 
 
-def _resolve_one(
-    index: int,
-    group_config: OptimizerConfig,
-    override: dict[str, Any],
-    params: tuple[RoutedParam, ...],
-    auto_routed: str | None,
-    subject: str,
-    num_chunks: int,
-) -> ResolvedGroup:
+def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str, num_chunks: int) -> ResolvedGroup:
     """Effective lr and weight decay, and the schedule keys, of one group."""
+    group_config, params = part.config, part.params
     if "lr" in override and "max_lr" in override and override["lr"] != override["max_lr"]:
         raise ValueError(
             f"`{subject}`: `lr` and `max_lr` disagree; got lr={override['lr']!r}, "
@@ -316,7 +328,8 @@ def _resolve_one(
         all_names=tuple(qualified_names(p, num_chunks) for p in params),
         start_wd=_wd_bound(override, "start_wd"),
         end_wd=_wd_bound(override, "end_wd"),
-        auto_routed=auto_routed,
+        auto_routed=part.auto_routed,
+        flatten=part.flatten,
     )
 
 

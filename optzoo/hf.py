@@ -1,33 +1,27 @@
-"""Hugging Face ``transformers`` models: tag them for optzoo's routing, or build tiny ones offline.
+"""Hugging Face ``transformers`` models: build tiny ones offline, for tests, examples and the CLI.
 
-optzoo routes by parameter attributes the way Megatron-Core does. :func:`tag_hf_model` sets them on
-a ``PreTrainedModel``, so that ``OptimizerConfig(optimizer="muon")`` with the standard overrides
-gives the usual Muon split with no rules of your own:
-
-* the input embeddings and the output head (``get_input_embeddings()``,
-  ``get_output_embeddings()``) get ``is_embedding_or_output_parameter=True``, as Megatron tags its
-  word embeddings and output layer: Muon hands them to ``muon_scalar_optimizer`` and
-  ``decoupled_lr`` applies to them. Tied embeddings are one tensor, so one param in one group;
-* every other ``nn.Embedding`` weight (GPT-2's learned positions ``wpe``, BERT's token types)
-  gets ``use_muon=False``: a lookup table's rows are independent vectors, not a linear map, so it
-  goes to the scalar optimizer too, but keeps ``lr`` (Megatron does not tag position embeddings,
-  so ``decoupled_lr`` leaves them alone);
-* everything else needs no tag: attention and MLP matrices are 2-D and go to Muon; norms and
-  biases are 1-D, so the standard overrides set ``wd_mult=0`` and Muon hands them on.
+A Hugging Face model needs no tags for optzoo's routing: roles (:mod:`optzoo.routing.roles`) are
+read from the model itself, its ``get_input_embeddings()`` and ``get_output_embeddings()``, its
+module types (``nn.Embedding``, ``LlamaRMSNorm``, ``Qwen3MoeExperts``, ``MixtralTopKRouter``) and
+parameter names, so ``OptimizerConfig(optimizer="muon")`` with the standard overrides gives the
+usual Muon split: embeddings and the head (tied or not), norms, biases and vectors to
+``muon_scalar_optimizer``; attention and MLP matrices, routers and expert stacks to Muon.
+:func:`tag_hf_model`, which set Megatron's tags by hand before roles existed, is deprecated.
 
 GPT-2's ``Conv1D`` stores weights as in × out, the transpose of ``nn.Linear``. Newton–Schulz
 commutes with transposition and the default ``muon_scale_mode="spectral"`` (√max(rows, cols)) is
 symmetric, so Muon's update is exactly the transpose of the one for the equivalent ``nn.Linear``;
 ``shape_scaling`` and ``unit_rms_norm`` read the stored shape, so they give the factor of the
-transposed layer. GPT-2's fused ``c_attn`` is not tagged with ``qkv_split_shapes``: Muon splits
-rows, in Megatron's per-group interleaved layout, while ``c_attn`` holds Q, K and V side by side
-in its *columns*; a row split would cut the input dimension. It is orthogonalised whole.
+transposed layer. GPT-2's fused ``c_attn`` is not split into Q, K and V: Muon splits rows, in
+Megatron's per-group interleaved layout, while ``c_attn`` holds Q, K and V side by side in its
+*columns*; a row split would cut the input dimension. It is orthogonalised whole.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,11 +44,18 @@ TINY_SHAPE: dict[str, int] = {
     "num_key_value_heads": 2,
     "head_dim": 16,
     "max_position_embeddings": 128,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
 }
 """The sizes :func:`build_hf_model` gives a config class, for the fields it has (through its
 ``attribute_map``: GPT-2's ``n_embd`` is ``hidden_size``) and that its defaults set (not
 ``None``). Byte-level vocabulary, so examples can train on raw bytes; 4 heads of 16 with 2 KV
-heads exercise grouped-query attention; 2 layers show the per-layer pattern."""
+heads exercise grouped-query attention; 2 layers show the per-layer pattern; mixture-of-experts
+configs (Qwen2/3-MoE, Mixtral, GPT-OSS, DeepSeek) get 4 experts of 32 (2 per token)."""
 
 _SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -80,28 +81,28 @@ def _weight(module: Any, where: str) -> nn.Parameter:
 
 
 def tag_hf_model(model: nn.Module) -> dict[str, str]:
-    """Set optzoo's routing attributes on a Hugging Face ``PreTrainedModel``, in place.
+    """Deprecated: set Megatron's routing tags on a Hugging Face model by hand, in place.
 
-    See the module docstring for what is tagged and why. A ``use_muon`` already set on a param
-    is kept. Calling it twice is harmless.
-
-    Args:
-        model: A ``transformers`` model (anything with ``get_input_embeddings()`` and
-            ``get_output_embeddings()``; the latter may return ``None``, as base models do).
+    optzoo now reads what each parameter is from the model (:mod:`optzoo.routing.roles`), so
+    tagging is not needed. A model tagged this way still routes as before: its tags name the
+    input and output embeddings (``is_embedding_or_output_parameter``) and every other
+    ``nn.Embedding`` weight gets ``use_muon=False`` (a ``use_muon`` already set is kept).
 
     Returns:
-        ``{param name: routing tag}`` for every param that now carries one, in model order, a
-        tied tensor under its first name: ``"is_embedding_or_output_parameter"`` or
-        ``"use_muon=False"``.
+        ``{param name: tag}`` for every param that now carries one, in model order.
 
     Raises:
         TypeError: ``model`` has no ``get_input_embeddings``, or an embedding has no weight.
 
-    Example:
-        >>> model = build_hf_model("GPT2Config")  # tag_hf_model ran inside
-        >>> tag_hf_model(model)
-        {'transformer.wte.weight': 'is_embedding_or_output_parameter', 'transformer.wpe.weight': 'use_muon=False'}
+    Warns:
+        DeprecationWarning: always.
     """
+    warnings.warn(
+        "`optzoo.hf.tag_hf_model`: deprecated (optzoo reads embeddings, the head, norms, experts and routers "
+        "from the model); drop the call, and see `optzoo dump-param-groups --explain` for each parameter's role",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     get_input = getattr(model, "get_input_embeddings", None)
     if not callable(get_input):
         raise TypeError(
@@ -189,7 +190,7 @@ def load_hf_config(spec: str) -> Any:
 
 
 def build_hf_model(spec: str) -> nn.Module:
-    """A tagged, randomly initialised causal LM: ``AutoModelForCausalLM.from_config`` of :func:`load_hf_config`.
+    """A randomly initialised causal LM: ``AutoModelForCausalLM.from_config`` of :func:`load_hf_config`.
 
     Builds on the current default device, so ``with torch.device("meta"):`` gives shapes without
     memory (what ``optzoo dump-param-groups --model hf:LlamaConfig`` does). Seed torch first
@@ -199,7 +200,7 @@ def build_hf_model(spec: str) -> nn.Module:
         spec: See :func:`load_hf_config` (without the ``hf:`` prefix of ``--model``).
 
     Returns:
-        The model, after :func:`tag_hf_model`.
+        The model, untouched: optzoo reads its roles from it.
 
     Raises:
         ImportError: ``transformers`` is not installed.
@@ -210,8 +211,6 @@ def build_hf_model(spec: str) -> nn.Module:
         >>> model = build_hf_model("LlamaConfig")
         >>> [(name, tuple(p.shape)) for name, p in model.named_parameters()][:3]
         [('model.embed_tokens.weight', (256, 64)), ('model.layers.0.self_attn.q_proj.weight', (64, 64)), ('model.layers.0.self_attn.k_proj.weight', (32, 64))]
-        >>> model.lm_head.weight.is_embedding_or_output_parameter
-        True
     """
     config = load_hf_config(spec)
     try:
@@ -225,6 +224,5 @@ def build_hf_model(spec: str) -> nn.Module:
         ) from error
     if not isinstance(model, nn.Module):  # pragma: no cover - transformers always returns modules
         raise TypeError(f"`hf:{spec}`: from_config returned {type(model).__name__}; expected a torch.nn.Module")
-    tag_hf_model(model)
     return model
 

@@ -19,6 +19,7 @@ from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import Routing
 
 __all__ = [
+    "EXPLAIN_HEADERS",
     "GROUP_HEADERS",
     "OPTIMIZER_HEADERS",
     "RANK_HEADERS",
@@ -86,30 +87,38 @@ def _matched_rules(group: ResolvedGroup, matched: Sequence[int], routing: Routin
     return reasons
 
 
+EXPLAIN_HEADERS = ["parameter", "group", "shape", "role", "matched rules"]
+
+
 def explain_rows(groups: Sequence[ResolvedGroup], routing: Routing) -> list[list[Any]]:
-    """One row per parameter name (tied names included): name, group, shape, the rules that matched it."""
+    """One row per parameter name (tied names included) (:data:`EXPLAIN_HEADERS`): name, group,
+    shape, its roles with their sources, the rules that matched it."""
     rows: list[list[Any]] = []
     for group in groups:
         for routed, names in zip(group.params, group.all_names):
             reasons = "; ".join(_matched_rules(group, routed.matched, routing)) or "-"
             shape = "x".join(map(str, routed.param.shape)) or "scalar"
-            rows.extend([name, group.index, shape, reasons] for name in names)
+            rows.extend([name, group.index, shape, routed.roles.describe(), reasons] for name in names)
     return rows
 
 
 def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing) -> dict[str, Any]:
-    """``{"param_to_group": {name: index}, "matched_rules": {name: [rules]}, "groups": [summary...]}``
-    for every name (tied too): what ``dump_param_to_param_group_map`` writes."""
+    """``{"param_to_group": {name: index}, "matched_rules": {name: [rules]}, "roles": {name: {role:
+    source}}, "groups": [summary...]}`` for every name (tied too): what ``dump_param_to_param_group_map``
+    writes."""
     mapping: dict[str, int] = {}
     provenance: dict[str, list[str]] = {}
+    roles: dict[str, dict[str, str]] = {}
     for group in groups:
         for routed, names in zip(group.params, group.all_names):
             for name in names:
                 mapping[name] = group.index
                 provenance[name] = _matched_rules(group, routed.matched, routing)
+                roles[name] = dict(zip(routed.roles.roles, routed.roles.sources))
     return {
         "param_to_group": mapping,
         "matched_rules": provenance,
+        "roles": roles,
         "groups": [group.summary() for group in groups],
     }
 

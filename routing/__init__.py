@@ -26,6 +26,7 @@ from .recipes import (
     overrides_from_entries,
     overrides_to_entries,
 )
+from .roles import ROLE_ATTRIBUTE, ParamRoles, infer_roles, param_roles
 from .resolve import (
     Override,
     ParamGroupSpec,
@@ -38,21 +39,25 @@ from .resolve import (
 from .standard import standard_overrides
 
 __all__ = [
+    "ROLE_ATTRIBUTE",
     "Override",
     "ParamGroupSpec",
     "ParamKey",
     "ParamPredicate",
+    "ParamRoles",
     "ParamWithNamePredicate",
     "PredicateSpec",
     "RoutedParam",
     "Routing",
     "RoutingConflictError",
     "get_predicate",
+    "infer_roles",
     "key_from_entry",
     "key_to_entry",
     "named_trainable_parameters",
     "overrides_from_entries",
     "overrides_to_entries",
+    "param_roles",
     "predicate_spec",
     "register_predicate",
     "registered_predicates",

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from .._common import ROLES
+from .roles import param_roles
 
 __all__ = [
     "INCLUDE_FIELDS",
@@ -77,6 +80,10 @@ class ParamKey:
     Each field takes one value or a tuple. A parameter matches when ANY entry of ANY field
     matches (OR everywhere), as in Megatron-Core; ``ParamKey()`` matches nothing.
 
+    ``role`` (an optzoo extension, default ``()``) matches parameters by what they are
+    (:mod:`optzoo.routing.roles`): ``ParamKey(role="expert")``. Inside ``resolve_param_groups`` the
+    roles come from the model; asked about a lone parameter, a key reads its tags, name and shape.
+
     ``exclude`` (an optzoo extension, default ``None``: Megatron-Core's behaviour) is a second
     key whose matches are taken out: a parameter matches when it matches ANY include field and
     the ``exclude`` key does not match it. A tensor with several names (tied) is included when
@@ -110,6 +117,9 @@ class ParamKey:
     exclude: ParamKey | None = None
     """Parameters this key leaves out even when an include field matches them; ``None``: none.
     Itself a key with at least one field set and no ``exclude`` of its own."""
+    role: str | tuple[str, ...] = ()
+    """Role(s) the parameter holds (:data:`optzoo._common.ROLES`): ``embedding``, ``output``,
+    ``bias``, ``norm``, ``expert``, ``router``, ``conv``, ``matrix``, ``vector``."""
 
     def __post_init__(self) -> None:
         for field_name, expected in (
@@ -117,6 +127,7 @@ class ParamKey:
             ("attr", str),
             ("predicate", ParamPredicate),
             ("with_name_predicate", ParamWithNamePredicate),
+            ("role", str),
         ):
             for entry in _as_tuple(getattr(self, field_name)):
                 if not isinstance(entry, expected):
@@ -125,6 +136,9 @@ class ParamKey:
                         f"got {entry!r} ({type(entry).__name__}); "
                         f"expected a {expected.__name__} or a tuple of them"
                     )
+        unknown = [r for r in _as_tuple(self.role) if r not in ROLES]
+        if unknown:
+            raise ValueError(f"`ParamKey.role`: unknown role; got {unknown[0]!r}; expected one of {list(ROLES)}")
         if self.exclude is not None:
             if not isinstance(self.exclude, ParamKey):
                 raise TypeError(
@@ -134,7 +148,7 @@ class ParamKey:
             if self.exclude.exclude is not None:
                 raise ValueError(
                     f"`ParamKey.exclude`: must not have an exclude of its own; got {self.exclude.describe()}; "
-                    "expected a key with name, attr, predicate or with_name_predicate only"
+                    "expected a key with name, attr, predicate, with_name_predicate or role only"
                 )
             if not self.exclude._has_include():
                 raise ValueError(
@@ -149,24 +163,29 @@ class ParamKey:
         object.__setattr__(self, "_attrs", _as_tuple(self.attr))
         object.__setattr__(self, "_predicates", _as_tuple(self.predicate))
         object.__setattr__(self, "_name_predicates", _as_tuple(self.with_name_predicate))
+        object.__setattr__(self, "_roles", frozenset(_as_tuple(self.role)))
 
     def _has_include(self) -> bool:
         return any(_as_tuple(getattr(self, f)) for f in INCLUDE_FIELDS)
 
-    def matches(self, param: torch.Tensor, param_name: str) -> bool:
-        """Whether ``param``, known as ``param_name``, is selected by this key."""
-        if not self._includes(param, param_name):
-            return False
-        return self.exclude is None or not self.exclude._includes(param, param_name)
+    def matches(self, param: torch.Tensor, param_name: str, roles: Collection[str] | None = None) -> bool:
+        """Whether ``param``, known as ``param_name``, is selected by this key.
 
-    def matches_any(self, param: torch.Tensor, param_names: Sequence[str]) -> bool:
+        ``roles``: the parameter's roles, as the model gives them (``resolve_param_groups``
+        passes them); ``None`` reads them from the parameter alone (tags, name, shape).
+        """
+        if not self._includes(param, param_name, roles):
+            return False
+        return self.exclude is None or not self.exclude._includes(param, param_name, roles)
+
+    def matches_any(self, param: torch.Tensor, param_names: Sequence[str], roles: Collection[str] | None = None) -> bool:
         """Whether a tensor known by several names (tied) is selected: some name is included
         and no name is excluded. With one name this is :meth:`matches`."""
-        if not any(self._includes(param, name) for name in param_names):
+        if not any(self._includes(param, name, roles) for name in param_names):
             return False
-        return self.exclude is None or not any(self.exclude._includes(param, name) for name in param_names)
+        return self.exclude is None or not any(self.exclude._includes(param, name, roles) for name in param_names)
 
-    def _includes(self, param: torch.Tensor, param_name: str) -> bool:
+    def _includes(self, param: torch.Tensor, param_name: str, roles: Collection[str] | None) -> bool:
         """The include fields alone (OR over every entry), ignoring ``exclude``."""
         pattern: re.Pattern[str] | None = self._name_pattern  # type: ignore[attr-defined]
         if pattern is not None and pattern.match(param_name):
@@ -180,6 +199,10 @@ class ParamKey:
         for name_predicate in self._name_predicates:  # type: ignore[attr-defined]
             if name_predicate(param, param_name):
                 return True
+        wanted: frozenset[str] = self._roles  # type: ignore[attr-defined]
+        if wanted:
+            held = roles if roles is not None else param_roles(param, param_name).names
+            return not wanted.isdisjoint(held)
         return False
 
     def describe(self) -> str:
@@ -197,6 +220,6 @@ class ParamKey:
         return ", ".join(parts) if parts else "<empty>"
 
 
-INCLUDE_FIELDS: tuple[str, ...] = ("name", "attr", "predicate", "with_name_predicate")
+INCLUDE_FIELDS: tuple[str, ...] = ("name", "attr", "predicate", "with_name_predicate", "role")
 """The fields of a ``ParamKey`` that select params (``exclude`` takes them back out)."""
 """The ``ParamKey`` fields that select parameters (everything but ``exclude``)."""

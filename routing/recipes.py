@@ -43,7 +43,7 @@ KEY_FIELDS: tuple[str, ...] = INCLUDE_FIELDS + tuple(f"exclude_{field}" for fiel
 ENTRY_FIELDS: tuple[str, ...] = KEY_FIELDS + ("set",)
 """Every field an ``[[overrides]]`` entry may have."""
 
-_EXAMPLES = {"name": "'*.bias'", "attr": "'is_embedding_or_output_parameter'"}
+_EXAMPLES = {"name": "'*.bias'", "attr": "'is_embedding_or_output_parameter'", "role": "'expert'"}
 
 Entry = dict[str, Any]
 """One ``[[overrides]]`` entry: key fields (str or list of str) and ``set``."""
@@ -99,7 +99,7 @@ def key_to_entry(key: ParamKey) -> Entry:
     if not entry:
         raise ValueError(
             f"`ParamKey`: selects no parameter (no include field), so a recipe cannot hold it; got "
-            f"{key.describe()}; expected at least one of name, attr, predicate, with_name_predicate"
+            f"{key.describe()}; expected at least one of name, attr, predicate, with_name_predicate, role"
         )
     if key.exclude is not None:
         entry.update(_key_fields(key.exclude, "exclude_", key))
@@ -141,7 +141,7 @@ def _single_or_tuple[T](items: list[T], single: bool) -> T | tuple[T, ...]:
 def _key_from_fields(entry: Mapping[str, Any], where: str, prefix: str) -> dict[str, Any]:
     """ParamKey keyword arguments from the (prefixed) include fields of ``entry``."""
     kwargs: dict[str, Any] = {}
-    for field in ("name", "attr"):
+    for field in ("name", "attr", "role"):
         if prefix + field in entry:
             items, single = _strings(where, prefix + field, entry[prefix + field])
             kwargs[field] = _single_or_tuple(items, single)
@@ -204,7 +204,7 @@ def key_from_entry(entry: Mapping[str, Any], where: str = "overrides[0]") -> Par
     if not include:
         raise ValueError(
             f"`{where}`: selects no parameter; got {sorted(k for k in entry if k != 'set') or 'no key field'}; "
-            "expected at least one of name, attr, predicate (the exclude_* fields only take parameters out)"
+            "expected at least one of name, attr, predicate, role (the exclude_* fields only take parameters out)"
         )
     return ParamKey(**include, exclude=ParamKey(**exclude) if exclude else None)
 

@@ -13,6 +13,7 @@ import torch
 
 from .._common import shorten
 from .keys import ParamKey
+from .roles import ParamRoles, infer_roles
 
 __all__ = [
     "Override",
@@ -44,6 +45,8 @@ class RoutedParam:
     """The model chunk of each name, parallel to ``names``."""
     matched: tuple[int, ...]
     """Indices (into the ``config_overrides`` order) of the keys that matched it."""
+    roles: ParamRoles = field(default=ParamRoles(("matrix",), ("default",)))
+    """What the tensor is, read from the model (:func:`optzoo.routing.roles.infer_roles`)."""
 
     @property
     def name(self) -> str:
@@ -77,6 +80,8 @@ class Routing:
     """The keys in the order they were given; ``RoutedParam.matched`` indexes this."""
     unmatched: tuple[int, ...]
     """Indices of keys that matched no parameter."""
+    overrides: tuple[Override, ...] = ()
+    """What each key sets, parallel to ``keys``."""
 
     def explain(self) -> list[tuple[str, int, list[str]]]:
         """One ``(name, group index, [matched key descriptions])`` per name, in group order."""
@@ -168,6 +173,7 @@ def resolve_param_groups(
     *,
     strict: bool = False,
     warn_unmatched: bool = True,
+    roles: Mapping[int, ParamRoles] | None = None,
 ) -> Routing:
     """Match every trainable parameter against every key and group identical merged overrides.
 
@@ -178,6 +184,8 @@ def resolve_param_groups(
         strict: Raise instead of warning when a key matches no parameter.
         warn_unmatched: Warn about keys that match nothing (off for built-in defaults, which
             need not apply to every model); ``strict`` still raises.
+        roles: Every parameter's roles by ``id(param)``; default :func:`~optzoo.routing.roles.infer_roles`
+            of ``model_chunks``. ``ParamKey(role=...)`` matches against them.
 
     Returns:
         A :class:`Routing`: the groups in the documented order, plus provenance.
@@ -214,9 +222,12 @@ def resolve_param_groups(
     # The merge depends only on which keys matched, so each match set is merged once.
     group_of_match: dict[tuple[int, ...], int] = {}
     indexed_keys = list(enumerate(keys))
-    for param, names, name_chunks in named_trainable_parameters(chunks):
+    trainable = named_trainable_parameters(chunks)  # checks the chunks first
+    roles = infer_roles(chunks) if roles is None else roles
+    for param, names, name_chunks in trainable:
+        param_roles = roles[id(param)]
         # A tied tensor is one parameter: included under any name, excluded under any name.
-        matched = tuple(index for index, key in indexed_keys if key.matches_any(param, names))
+        matched = tuple(index for index, key in indexed_keys if key.matches_any(param, names, param_roles.names))
         for index in matched:
             hits[index] += 1
         if matched not in group_of_match:
@@ -226,7 +237,7 @@ def resolve_param_groups(
                 group_index[identity] = len(group_members)
                 group_members.append((merged, []))
             group_of_match[matched] = group_index[identity]
-        group_members[group_of_match[matched]][1].append(RoutedParam(param, names, name_chunks, matched))
+        group_members[group_of_match[matched]][1].append(RoutedParam(param, names, name_chunks, matched, param_roles))
 
     # Documented order: the no-override group first, then by first appearance in the model.
     ordered = sorted(group_members, key=lambda member: bool(member[0]))
@@ -252,5 +263,6 @@ def resolve_param_groups(
         if strict:
             raise ValueError(message + "; expected every rule to match (strict=True)")
         warnings.warn(message, UserWarning, stacklevel=2)
-    return Routing(groups=groups, keys=keys, unmatched=unmatched)
+    overrides = tuple(MappingProxyType(dict(override)) for _, override in items)
+    return Routing(groups=groups, keys=keys, unmatched=unmatched, overrides=overrides)
 

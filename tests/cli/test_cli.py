@@ -24,13 +24,18 @@ import torch
 
 from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo import OptimizerConfig, resolve_group_configs
-from optzoo.cli import main
+from optzoo.cli import LINT_EXIT_STATUS, main
 from optzoo.distributed import plan_shards
 from optzoo.models import GPT, GPTConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def columns(line: str) -> list[str]:
+    """The cells of a tabulate row (columns are 2+ spaces apart; cells may hold single spaces)."""
+    return re.split(r"\s{2,}", line.strip())
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -208,13 +213,18 @@ def test_explain_adds_one_row_per_parameter_with_matched_rules(capsys: pytest.Ca
     groups_table, explain_table = out.split("\n\n")
     assert len(groups_table.splitlines()) == 4
     header, rule, *rows = explain_table.splitlines()
-    assert header.split() == ["parameter", "group", "shape", "matched", "rules"]
+    assert columns(header) == ["parameter", "group", "shape", "role", "matched rules"]
     names = builtin_gpt_names()
     assert len(rows) == len(names)
-    cells = {row.split()[0]: row.split(maxsplit=3)[1:] for row in rows}
+    cells = {columns(row)[0]: columns(row)[1:] for row in rows}
     assert set(cells) == {n for n, _ in names}
-    assert cells["decoder.layers.0.self_attention.linear_qkv.weight"] == ["0", "384x128", "-"]
-    assert cells["decoder.final_layernorm.bias"] == ["1", "128", "#0 name='*.bias', predicate='is_1d'"]
+    assert cells["decoder.layers.0.self_attention.linear_qkv.weight"] == ["0", "384x128", "matrix (2-D)", "-"]
+    assert cells["decoder.final_layernorm.bias"] == [
+        "1", "128", "norm (LayerNorm); bias (name)", "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm')",
+    ]
+    assert cells["embedding.position_embeddings.weight"][2] == (
+        "matrix (2-D); not embedding (Embedding, untagged in a Megatron-tagged model)"
+    )
 
 
 def test_explain_json_has_matched_rules_per_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,7 +232,9 @@ def test_explain_json_has_matched_rules_per_name(capsys: pytest.CaptureFixture[s
     rules = document["matched_rules"]
     assert set(rules) == set(document["param_to_group"])
     assert rules["output_layer.weight"] == []
-    assert rules["decoder.layers.1.mlp.linear_fc1.bias"] == ["#0 name='*.bias', predicate='is_1d'"]
+    assert rules["decoder.layers.1.mlp.linear_fc1.bias"] == ["#0 name='*.bias', predicate='is_1d', role=('bias', 'norm')"]
+    assert document["roles"]["output_layer.weight"] == {"output": "tag is_embedding_or_output_parameter"}
+    assert document["roles"]["decoder.final_layernorm.weight"] == {"norm": "LayerNorm"}
 
 
 def test_tied_model_lists_both_names_of_the_tied_tensor(capsys: pytest.CaptureFixture[str]) -> None:
@@ -629,7 +641,7 @@ BAD_CONFIGS = [
         [[overrides]]
         names = "*.bias"
         set = { wd_mult = 0.0 }
-    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'predicate', 'with_name_predicate', 'exclude_name', 'exclude_attr', 'exclude_predicate', 'exclude_with_name_predicate', 'set']"),
+    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'predicate', 'with_name_predicate', 'role', 'exclude_name', 'exclude_attr', 'exclude_predicate', 'exclude_with_name_predicate', 'exclude_role', 'set']"),
                  id="unknown-key-in-an-overrides-table"),
     pytest.param("conflict.toml", """
         [config]
@@ -878,10 +890,10 @@ def test_world_size_table_adds_an_owner_column_and_a_per_rank_summary(capsys: py
 def test_world_size_with_explain_puts_the_owner_after_the_matched_rules(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--world-size", "2", "--explain")
     header, _, *rows = out.split("\n\n")[1].splitlines()
-    assert header.split() == ["parameter", "group", "shape", "matched", "rules", "owner"]
+    assert columns(header) == ["parameter", "group", "shape", "role", "matched rules", "owner"]
     row = next(r for r in rows if r.startswith("decoder.final_layernorm.bias "))
-    assert row.split()[-1] == "1"
-    assert "#0 name='*.bias', predicate='is_1d'" in row
+    assert columns(row)[-1] == "1"
+    assert columns(row)[-2] == "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm')"
 
 
 @pytest.mark.parametrize("world", ["0", "-2"])
@@ -905,3 +917,88 @@ def test_bad_world_size_or_mode_is_a_usage_error(
 ) -> None:
     line = run_usage_error(capsys, "dump-param-groups", "--model", "gpt", *argv)
     assert re.fullmatch(expected, line), line
+
+
+# ---- lint ----------------------------------------------------------------------------------
+
+SHADOWED_BIAS_RULE = """
+    [config]
+    lr = 1e-3
+    weight_decay = 0.1
+
+    [[overrides]]
+    predicate = "is_1d"
+    role = ["bias", "norm"]
+    set = { wd_mult = 0.0 }
+
+    [[overrides]]
+    name = "*.bias"
+    set = { wd_mult = 0.0 }
+"""
+SHADOWED_MESSAGE = (
+    "lint: shadowed-rule: rule #1 name='*.bias': changes nothing; got {'wd_mult': 0.0} on "
+    "`decoder.layers.0.input_layernorm.bias`, `decoder.layers.0.self_attention.linear_qkv.bias`, "
+    "`decoder.layers.0.self_attention.linear_proj.bias`, `decoder.layers.0.pre_mlp_layernorm.bias`, "
+    "`decoder.layers.0.mlp.linear_fc1.bias`, `decoder.layers.0.mlp.linear_fc2.bias`, "
+    "`decoder.layers.1.input_layernorm.bias`, `decoder.layers.1.self_attention.linear_qkv.bias`, "
+    "`decoder.layers.1.self_attention.linear_proj.bias`, `decoder.layers.1.pre_mlp_layernorm.bias`, ... (+3 more), "
+    "all of it set already by rule #0 predicate='is_1d', role=('bias', 'norm'); expected it removed, or narrowed to "
+    "the params it is meant for"
+)
+
+
+def test_lint_prints_each_finding_and_a_count(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "shadowed.toml", SHADOWED_BIAS_RULE)
+    assert run_ok(capsys, "lint", "--model", "gpt", "--config", config).splitlines() == [SHADOWED_MESSAGE, "1 finding"]
+    assert run_ok(capsys, "lint", "--model", "gpt").splitlines() == ["0 findings"]
+
+
+def test_lint_strict_exits_with_its_own_status_when_it_finds_something(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "shadowed.toml", SHADOWED_BIAS_RULE)
+    status, out, err = run(capsys, "lint", "--model", "gpt", "--config", config, "--strict")
+    assert (status, err) == (LINT_EXIT_STATUS, "") and LINT_EXIT_STATUS == 3
+    assert out.splitlines()[-1] == "1 finding"
+    assert run(capsys, "lint", "--model", "gpt", "--strict") == (0, "0 findings\n", "")
+
+
+def test_lint_json_lists_kind_params_and_message(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "shadowed.toml", SHADOWED_BIAS_RULE)
+    document = json.loads(run_ok(capsys, "lint", "--model", "gpt", "--config", config, "--format", "json"))
+    assert [(f["kind"], len(f["params"]), "lint: shadowed-rule: " + f["message"]) for f in document] == [
+        ("shadowed-rule", 13, SHADOWED_MESSAGE),
+    ]
+
+
+def test_dump_param_groups_lint_adds_the_findings_after_the_tables(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "shadowed.toml", SHADOWED_BIAS_RULE)
+    out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--lint")
+    groups_table, lint = out.split("\n\n")
+    assert len(groups_table.splitlines()) == 4
+    assert lint.splitlines() == [SHADOWED_MESSAGE, "1 lint finding"]
+    status, _, _ = run(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--lint", "--strict")
+    assert status == LINT_EXIT_STATUS
+    document = dump_json(capsys, "--model", "gpt", "--config", config, "--lint")
+    assert [f["kind"] for f in document["lint"]] == ["shadowed-rule"]
+    assert "lint" not in dump_json(capsys, "--model", "gpt")
+
+
+def test_lint_on_a_hugging_face_model_with_a_rule_that_sends_every_matrix_to_muon(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_file(tmp_path, "all2d.toml", """
+        [config]
+        lr = 1e-3
+        [[overrides]]
+        predicate = "is_2d_matrix"
+        set = { optimizer = "muon" }
+        [[overrides]]
+        predicate = "is_1d"
+        role = ["bias", "norm"]
+        set = { wd_mult = 0.0 }
+    """)
+    lines = run_ok(capsys, "lint", "--model", "hf:LlamaConfig", "--config", config).splitlines()
+    assert lines == [
+        "lint: embedding-on-matrix-optimizer: `model.embed_tokens.weight`, `lm_head.weight`: embedding or output head "
+        "routed to muon by rule #0 predicate='is_2d_matrix'; got param group #0 (muon); expected them on the scalar "
+        "optimizer (muon_scalar_optimizer), where embeddings and heads train better: narrow the rule, e.g. "
+        "exclude=ParamKey(role=('embedding', 'output'))",
+        "1 finding",
+    ]

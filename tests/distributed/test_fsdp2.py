@@ -264,3 +264,48 @@ def test_state_is_sharded_like_the_param_where_element_wise(direct: list[dict[st
         assert result["adaptive_muon_adamuon"][1] == {"momentum_buffer": shard, "exp_avg_sq": shard}
         assert result["adaptive_muon_normuon"][1] == {"momentum_buffer": shard, "exp_avg_sq": replicate}
         assert result["adaptive_muon_namo"][1] == {"momentum_buffer": shard, "exp_avg_sq": replicate}
+
+
+# ---- roles through fully_shard --------------------------------------------------------------
+
+
+def _roles_and_placement(model: torch.nn.Module) -> tuple[dict[str, str], dict[str, str]]:
+    from optzoo import infer_roles, resolve_group_configs
+
+    roles = infer_roles(model)
+    groups, _ = resolve_group_configs(BASE.replace(optimizer="muon"), model)
+    return (
+        {name: roles[id(p)].describe() for name, p in model.named_parameters()},
+        {name: g.optimizer for g in groups for name in g.param_names},
+    )
+
+
+def _hf_moe_roles_under_fsdp(rank: int, world_size: int) -> tuple[dict[str, str], dict[str, str], bool]:
+    """A tiny Qwen3-MoE, untagged, sharded layer by layer and at the root: its roles and Muon's placement."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from optzoo.hf import build_hf_model
+
+    torch.manual_seed(0)
+    model = build_hf_model("Qwen3MoeConfig")
+    mesh = init_device_mesh("cpu", (world_size,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)  # no preserve_param_attributes: roles need no attributes
+    fully_shard(model, mesh=mesh)
+    roles, placement = _roles_and_placement(model)
+    return roles, placement, all(isinstance(p, DTensor) for p in model.parameters())
+
+
+def test_roles_and_muon_routing_survive_fully_shard() -> None:
+    from optzoo.hf import build_hf_model
+
+    torch.manual_seed(0)
+    expected = _roles_and_placement(build_hf_model("Qwen3MoeConfig"))
+    for roles, placement, sharded in run_ranks(WORLD_SIZE, _hf_moe_roles_under_fsdp):
+        assert sharded
+        assert (roles, placement) == expected
+    assert expected[0]["model.layers.0.mlp.experts.gate_up_proj"] == "expert (Qwen3MoeExperts)"
+    assert expected[1]["model.layers.0.mlp.experts.gate_up_proj"] == "muon"
+    assert expected[1]["model.embed_tokens.weight"] == "adam"

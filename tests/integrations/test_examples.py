@@ -1,5 +1,6 @@
-"""The framework examples train: ``examples/hf_trainer.py`` (transformers.Trainer) and
-``examples/lightning_example.py`` (Lightning's automatic optimization), 3 steps on CPU each."""
+"""The examples train: ``examples/hf_trainer.py`` (transformers.Trainer),
+``examples/lightning_example.py`` (Lightning's automatic optimization) and ``examples/hf_moe.py``
+(a tiny Qwen3-MoE, its expert stacks on Muon), 3 steps on CPU each."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def logged_losses(out: str) -> dict[int, float]:
     return {int(step): float(loss) for step, loss in re.findall(r"^step (\d+): loss (\S+)", out, re.MULTILINE)}
 
 
-@pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_example.py"])
+@pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_example.py", "hf_moe.py"])
 def test_example_trains_three_steps_with_muon_and_adamw(script: str) -> None:
     out = run_example(script)
     groups = re.findall(r"^ *(muon|adam) lr=\S+ wd=\S+: \d+ params$", out, re.MULTILINE)
@@ -38,3 +39,13 @@ def test_example_trains_three_steps_with_muon_and_adamw(script: str) -> None:
     assert abs(losses[1] - math.log(256)) < 0.5, out  # an untrained byte model: about uniform
     assert losses[3] < losses[1], out  # seeded: the optimizer did step
     assert re.search(r"^final loss \S+ after 3 steps$", out, re.MULTILINE), out
+
+
+def test_the_moe_example_puts_every_expert_stack_on_muon() -> None:
+    out = run_example("hf_moe.py")
+    rows = re.findall(r"^(model\.layers\.\d\.mlp\.experts\.\w+) +(\d+x\d+x\d+) +(True|False)$", out, re.MULTILINE)
+    assert [(name.rsplit(".", 1)[-1], shape, on_muon) for name, shape, on_muon in rows] == [
+        ("gate_up_proj", "4x64x64", "True"), ("down_proj", "4x64x32", "True"),
+        ("gate_up_proj", "4x64x64", "True"), ("down_proj", "4x64x32", "True"),
+    ], out
+    assert re.search(r"roles: embedding 1, expert 4, matrix 8, norm 9, output 1, router 2$", out, re.MULTILINE), out

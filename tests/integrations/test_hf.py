@@ -1,9 +1,10 @@
-"""Hugging Face models route like Megatron's: ``optzoo.hf`` tags, ``hf:`` specs, the CLI.
+"""Hugging Face models route like Megatron's with no tags: ``hf:`` specs, the CLI, the old tagger.
 
 Tiny Llama and GPT-2 from their config classes (random init, nothing downloaded). With
 ``optimizer="muon"`` and the standard overrides: attention and MLP matrices go to Muon; the
 embeddings and ``lm_head`` to the scalar optimizer (AdamW) with weight decay; every norm and bias
-to a group without weight decay; GPT-2's tied ``wte``/``lm_head`` is one param.
+to a group without weight decay; GPT-2's tied ``wte``/``lm_head`` is one param. The roles come
+from the models themselves (tests/integrations/test_real_models.py covers the MoE models).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from optzoo import OptimizerConfig, get_optimizer  # noqa: E402
 from optzoo.cli import main  # noqa: E402
 from optzoo.hf import build_hf_model, load_hf_config, tag_hf_model  # noqa: E402
 from optzoo.models import build_model  # noqa: E402
+from optzoo.lint import RoutingLintWarning  # noqa: E402
+from optzoo.routing import infer_roles  # noqa: E402
 
 MUON = OptimizerConfig(optimizer="muon", lr=0.02, weight_decay=0.1, muon_fp32_matmul_prec="highest")
 LAYERS = (0, 1)
@@ -101,31 +104,49 @@ def test_every_param_is_routed_exactly_once(llama: nn.Module, gpt2: nn.Module) -
         assert sorted(routed) == sorted(id(p) for p in model.parameters())
 
 
-def test_decoupled_lr_reaches_embeddings_and_head_but_not_gpt2_positions(gpt2: nn.Module) -> None:
+def test_decoupled_lr_reaches_every_embedding_and_the_head(gpt2: nn.Module) -> None:
     optimizer = get_optimizer(MUON.replace(decoupled_lr=1e-3), gpt2)
     lr = {name: g["lr"] for g in optimizer.param_groups for name in g["param_names"]}
     assert lr["transformer.wte.weight"] == 1e-3  # also lm_head: the same tensor
-    assert lr["transformer.wpe.weight"] == 0.02  # use_muon=False: AdamW, but not an "end" of the model
+    assert lr["transformer.wpe.weight"] == 1e-3  # an embedding too (role), unlike Megatron's untagged positions
+    assert lr["transformer.h.0.attn.c_attn.weight"] == 0.02
     optimizer_of = {name: g["optimizer"] for g in optimizer.param_groups for name in g["param_names"]}
     assert optimizer_of["transformer.wpe.weight"] == "adam"
 
 
 
-def test_tags_name_the_ends_and_other_embedding_tables(llama: nn.Module, gpt2: nn.Module) -> None:
-    assert tag_hf_model(llama) == dict.fromkeys(LLAMA_ENDS, "is_embedding_or_output_parameter")
-    assert tag_hf_model(gpt2) == {
-        "transformer.wte.weight": "is_embedding_or_output_parameter",
-        "transformer.wpe.weight": "use_muon=False",
-    }
-    # GPT-2's fused c_attn holds Q, K, V in its columns; Muon's split is by rows: left untagged.
+def test_models_are_built_untouched(llama: nn.Module, gpt2: nn.Module) -> None:
+    for model in (llama, gpt2):
+        for param in model.parameters():
+            assert not hasattr(param, "is_embedding_or_output_parameter") and not hasattr(param, "use_muon")
+    # GPT-2's fused c_attn holds Q, K, V in its columns; Muon's split is by rows: no split shapes.
     assert not any(hasattr(p, "qkv_split_shapes") for p in gpt2.parameters())
 
 
-def test_an_explicit_use_muon_is_kept() -> None:
+@pytest.mark.parametrize("spec", ["LlamaConfig", "GPT2Config"])
+def test_the_deprecated_tagger_still_tags_and_routes_as_inference_does(spec: str) -> None:
+    torch.manual_seed(0)
+    untagged, tagged = build_hf_model(spec), build_hf_model(spec)
+    with pytest.warns(DeprecationWarning, match=r"^`optzoo\.hf\.tag_hf_model`: deprecated \(optzoo reads embeddings"):
+        tags = tag_hf_model(tagged)
+    expected = {"LlamaConfig": dict.fromkeys(LLAMA_ENDS, "is_embedding_or_output_parameter"), "GPT2Config": {
+        "transformer.wte.weight": "is_embedding_or_output_parameter", "transformer.wpe.weight": "use_muon=False",
+    }}[spec]  # fmt: skip
+    assert tags == expected
+    routed = [[(g["optimizer"], g["weight_decay"], g["param_names"]) for g in get_optimizer(MUON, m).param_groups] for m in (untagged, tagged)]
+    assert routed[0] == routed[1]
+
+
+def test_an_explicit_use_muon_true_wins_over_the_role() -> None:
     model = transformers.AutoModelForCausalLM.from_config(load_hf_config("GPT2Config"))
     model.transformer.wpe.weight.use_muon = True
-    assert "transformer.wpe.weight" not in tag_hf_model(model)
-    assert "transformer.wpe.weight" in get_optimizer(MUON, model).param_groups[0]["param_names"]
+    with pytest.warns(RoutingLintWarning, match=(
+        r"^lint: embedding-on-matrix-optimizer: `transformer\.wpe\.weight`: embedding or output head routed to muon by "
+        r"tag use_muon=True; got param group #0 \(muon\); expected them on the scalar optimizer \(muon_scalar_optimizer\), "
+        r"where embeddings and heads train better: drop the tag$"
+    )):  # fmt: skip
+        optimizer = get_optimizer(MUON, model)
+    assert "transformer.wpe.weight" in optimizer.param_groups[0]["param_names"]
 
 
 def test_a_step_trains_both_models(llama: nn.Module, gpt2: nn.Module) -> None:
@@ -160,7 +181,7 @@ def test_build_model_hf_spec_builds_on_meta_by_default() -> None:
     model = build_model("hf:LlamaConfig")
     assert isinstance(model, nn.Module)
     assert {p.device.type for p in model.parameters()} == {"meta"}
-    assert model.lm_head.weight.is_embedding_or_output_parameter
+    assert infer_roles(model)[id(model.lm_head.weight)].describe() == "output (get_output_embeddings())"
 
 
 def test_config_json_file_or_folder_builds_the_same_model(tmp_path: Path) -> None:
@@ -173,7 +194,7 @@ def test_config_json_file_or_folder_builds_the_same_model(tmp_path: Path) -> Non
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         assert shapes["model.embed_tokens.weight"] == (256, 64)
         assert "model.layers.1.mlp.up_proj.weight" not in shapes
-        assert model.model.embed_tokens.weight.is_embedding_or_output_parameter
+        assert "embedding" in infer_roles(model)[id(model.model.embed_tokens.weight)]
 
 
 @pytest.mark.parametrize(
@@ -198,7 +219,8 @@ def test_config_json_without_model_type_raises(tmp_path: Path) -> None:
 
 def test_tag_hf_model_rejects_a_plain_module() -> None:
     with pytest.raises(TypeError, match=r"^`model`: not a Hugging Face model; got Linear without get_input_embeddings"):
-        tag_hf_model(nn.Linear(2, 2))
+        with pytest.warns(DeprecationWarning):
+            tag_hf_model(nn.Linear(2, 2))
 
 
 def test_missing_transformers_names_the_package(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -174,5 +174,5 @@ def test_bad_settings_raise(settings: dict[str, Any], error: type[Exception], me
 
 
 def test_a_non_matrix_raises_naming_the_class() -> None:
-    with pytest.raises(ValueError, match=r"^param group #0, param #0: AdaptiveMuon takes 2-D only; route it to the scalar optimizer"):
+    with pytest.raises(ValueError, match=r"^param group #0, param #0: AdaptiveMuon takes matrices, stacks of matrices \(flatten=False\) or N-D weights flattened to matrices \(flatten=True\); route it to the scalar optimizer"):
         AdaptiveMuon([torch.nn.Parameter(torch.zeros(3))])

@@ -401,10 +401,13 @@ def test_a_bad_group_added_later_raises_and_leaves_the_optimizer_unchanged() -> 
 
 def test_a_non_matrix_raises_naming_it_and_the_fix() -> None:
     params = [*matrices([(4, 6)]), torch.nn.Parameter(torch.zeros(5))]
-    with pytest.raises(ValueError, match=r"^param group #0, param #1: Muon takes 2-D only; route it to the scalar optimizer; got shape \(5,\); expected \(rows, cols\)$"):
+    with pytest.raises(ValueError, match=(
+        r"^param group #0, param #1: Muon takes matrices, stacks of matrices \(flatten=False\) or N-D weights flattened "
+        r"to matrices \(flatten=True\); route it to the scalar optimizer; got shape \(5,\); expected 2 or more dims$"
+    )):  # fmt: skip
         Muon(params)
     named = {"params": params, "param_names": ["layers.0.mlp.weight", "layers.0.norm.weight"]}
-    with pytest.raises(ValueError, match=r"param #1 \(`layers.0.norm.weight`\): Muon takes 2-D only"):
+    with pytest.raises(ValueError, match=r"param #1 \(`layers.0.norm.weight`\): Muon takes matrices"):
         Muon([named])
 
 
@@ -412,7 +415,7 @@ def test_a_non_matrix_raises_naming_it_and_the_fix() -> None:
     ("param", "error", "message"),
     [
         (torch.zeros(4, 6, dtype=torch.int64), TypeError, r"dtype not supported; got torch.int64; expected one of"),
-        (torch.zeros(4, 6, 2), ValueError, r"takes 2-D only; route it to the scalar optimizer; got shape \(4, 6, 2\)"),
+        (torch.zeros(()), ValueError, r"takes matrices, .*; route it to the scalar optimizer; got shape \(\); expected 2 or more dims"),
     ],
 )
 def test_bad_params_raise(param: torch.Tensor, error: type[Exception], message: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 from torch import nn
 
 from optzoo.optimizers.registry import get_spec
+from optzoo.routing import infer_roles
 from optzoo import (
     OptimizerConfig,
     ParamKey,
@@ -183,20 +184,25 @@ def test_muon_llm_recipe_with_mup_as_muon(model: nn.Module) -> None:
         overrides = get_mup_config_overrides(config, 2.0, "muon")
     assert [str(w.message) for w in caught] == [SPECTRAL_WARNING]
     assert [g[:2] + g[-1:] for g in groups(config, model, {**recipe, **overrides})] == [
-        ("adam", 3e-4, [EMBED, POS]),
+        ("muon", 3e-4, MATRICES),  # Muon's own: no MuP lr
+        ("adam", 3e-4, [EMBED, POS]),  # vector-like: base lr
         ("adam", 3e-4, VECTORS),
-        ("muon", 3e-4, MATRICES),
-        ("adam", 1.5e-4, [OUTPUT]),
+        ("adam", 1.5e-4, [OUTPUT]),  # hidden: lr / 2
     ]
 
 
 def test_is_muon_matrix_agrees_with_the_muon_registry_record() -> None:
+    """On a Megatron-tagged model (whose tags decide embeddings), MuP's test of Muon's matrices is
+    the registry's placement."""
     model = tiny_gpt(qk_layernorm=True)
     model.decoder.layers[1].mlp.linear_fc1.weight.use_muon = False  # type: ignore[index, union-attr]
     spec, predicate = get_spec("muon"), get_predicate("is_muon_matrix")
-    assert spec.accepts is not None and spec.declines is not None
+    assert spec.place is not None
+    fields = {name: getattr(OptimizerConfig(), name) for name in spec.config_fields}
+    roles = infer_roles(model)
     for name, param in model.named_parameters():
-        assert predicate(param) == (spec.accepts(param) and not spec.declines(param)), name  # type: ignore[call-arg]
+        taken = spec.place(param, roles[id(param)].names, fields, False) == "take"
+        assert predicate(param) == taken, name  # type: ignore[call-arg]
 
 
 # ---- keys, width 1 and errors --------------------------------------------------------------

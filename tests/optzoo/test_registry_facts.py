@@ -15,7 +15,7 @@ import torch
 
 from optzoo import OptimizerConfig, get_mup_config_overrides, get_optimizer, resolve_group_configs
 from optzoo.distributed import param_cost, plan_shards
-from optzoo.optimizers.registry import ELEMENTWISE_FLOPS_PER_ELEMENT, OptimizerSpec, get_spec, register, unregister
+from optzoo.optimizers.registry import ELEMENTWISE_FLOPS_PER_ELEMENT, OptimizerSpec, Placement, get_spec, register, unregister
 from optzoo.reporting import optimizer_rows
 from tests.conftest import tiny_gpt
 
@@ -24,6 +24,12 @@ NAME = "dummy_matrix"
 
 def _cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
     return 7.0 * math.prod(shape)
+
+
+def _place(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool) -> Placement:
+    if param.dim() != 2:
+        return "cannot"
+    return "decline" if {"embedding", "output"} & roles and not explicit else "take"
 
 
 @pytest.fixture
@@ -40,8 +46,7 @@ def dummy_matrix() -> Iterator[OptimizerSpec]:
         instance_fields=(),
         group_options=lambda values: {},
         build=lambda groups, _: torch.optim.SGD(groups),
-        accepts=lambda param: param.dim() == 2,
-        declines=lambda param: bool(getattr(param, "is_embedding_or_output_parameter", False)),
+        place=_place,
         fallback_field="muon_scalar_optimizer",
         declines_what="embeddings/output layers",
     )
@@ -56,7 +61,7 @@ def test_routing_hands_what_the_record_does_not_take_to_its_fallback(dummy_matri
     by_optimizer = {g.optimizer: g for g in groups if g.auto_routed is None}
     assert set(by_optimizer[NAME].param_names) == {
         name for name, p in model.named_parameters() if p.dim() == 2 and not getattr(p, "is_embedding_or_output_parameter", False)
-    }
+    }  # on this Megatron-tagged model the tags are the embedding and output roles
     reasons = sorted(g.auto_routed for g in groups if g.auto_routed)
     assert reasons == [
         "auto: dummy_matrix leaves embeddings/output layers -> muon_scalar_optimizer='adam'",

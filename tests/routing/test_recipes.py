@@ -29,6 +29,7 @@ from optzoo.config_file import (
     shipped_recipes,
 )
 from optzoo.groups import resolve_group_configs
+from optzoo.optimizers.registry import get_spec
 from optzoo.routing import (
     ParamKey,
     ParamPredicate,
@@ -284,7 +285,7 @@ def test_a_tied_tensor_is_excluded_when_any_of_its_names_is() -> None:
          "expected e.g. ParamKey(attr='is_embedding_or_output_parameter')")),
         ({"exclude": ParamKey(name="a", exclude=ParamKey(name="b"))}, ValueError,
          ("`ParamKey.exclude`: must not have an exclude of its own; got name='a', exclude=(name='b'); "
-         "expected a key with name, attr, predicate or with_name_predicate only")),
+         "expected a key with name, attr, predicate, with_name_predicate or role only")),
         ({"exclude": ParamKey()}, ValueError,
          "`ParamKey.exclude`: excludes nothing; got ParamKey(); expected a key with at least one field set, or exclude=None"),
     ],
@@ -449,7 +450,7 @@ def test_keys_holding_an_unregistered_predicate_cannot_be_written(registry: None
         (None, OptimizerConfig(timers=print), "`config.timers`: cannot be written to a recipe; got <built-in function print>; expected None"),
         ({ParamKey(exclude=ParamKey(name="*.bias")): {"lr": 1.0}}, None,
          "`ParamKey`: selects no parameter (no include field), so a recipe cannot hold it; got "
-         "exclude=(name='*.bias'); expected at least one of name, attr, predicate, with_name_predicate"),
+         "exclude=(name='*.bias'); expected at least one of name, attr, predicate, with_name_predicate, role"),
     ],
 )  # fmt: skip
 def test_values_a_recipe_cannot_hold(overrides: Any, config: OptimizerConfig | None, message: str) -> None:
@@ -460,8 +461,8 @@ def test_values_a_recipe_cannot_hold(overrides: Any, config: OptimizerConfig | N
 # ---- bad recipes -------------------------------------------------------------------------
 
 ENTRY_FIELDS = [
-    "name", "attr", "predicate", "with_name_predicate", "exclude_name", "exclude_attr", "exclude_predicate",
-    "exclude_with_name_predicate", "set",
+    "name", "attr", "predicate", "with_name_predicate", "role", "exclude_name", "exclude_attr", "exclude_predicate",
+    "exclude_with_name_predicate", "exclude_role", "set",
 ]  # fmt: skip
 
 BAD_RECIPES = [
@@ -476,13 +477,13 @@ BAD_RECIPES = [
                  "got 'is_1d'; expected it under `predicate`", id="plain-predicate-as-name-predicate"),
     pytest.param('[[overrides]]\nexclude_name = "*.bias"\nset = { wd_mult = 0.0 }\n',
                  "`overrides[0]`: selects no parameter; got ['exclude_name']; expected at least one of name, attr, "
-                 "predicate (the exclude_* fields only take parameters out)", id="only-an-exclude"),
+                 "predicate, role (the exclude_* fields only take parameters out)", id="only-an-exclude"),
     pytest.param('[[overrides]]\nset = { wd_mult = 0.0 }\n',
                  "`overrides[0]`: selects no parameter; got no key field; expected at least one of name, attr, "
-                 "predicate (the exclude_* fields only take parameters out)", id="no-key-field"),
+                 "predicate, role (the exclude_* fields only take parameters out)", id="no-key-field"),
     pytest.param('[[overrides]]\nname = []\nset = { wd_mult = 0.0 }\n',
                  "`overrides[0]`: selects no parameter; got ['name']; expected at least one of name, attr, "
-                 "predicate (the exclude_* fields only take parameters out)", id="empty-list"),
+                 "predicate, role (the exclude_* fields only take parameters out)", id="empty-list"),
     pytest.param('[[overrides]]\nname = "*"\nexclude = "*.bias"\nset = { wd_mult = 0.0 }\n',
                  f"`overrides[0].exclude`: unknown key; got 'exclude'; expected one of {ENTRY_FIELDS}", id="unknown-key"),
     pytest.param('[[overrides]]\nname = "*"\nexclude_attr = 3\nset = { wd_mult = 0.0 }\n',
@@ -571,8 +572,8 @@ def test_shipped_recipes_are_listed_with_a_description() -> None:
     recipes = shipped_recipes()
     assert list(recipes) == ["adamw-no-decay-norms", "lion-llm", "muon-llm"]
     assert recipes["muon-llm"] == (
-        "Muon for the hidden 2-D matrices; AdamW for embeddings, the output layer, norms and biases; "
-        "no weight decay on 1-D params"
+        "Muon for the hidden matrices, routers and expert stacks; AdamW for embeddings, the output head, "
+        "norms and biases; no weight decay on biases, norms or 1-D params"
     )
     assert all(recipes.values())
 
@@ -585,34 +586,35 @@ def test_muon_llm_routes_hidden_matrices_to_muon_and_the_rest_to_adamw(model: nn
     config, overrides = load_recipe("muon-llm")
     optimizer = get_optimizer(config, model, overrides, strict=True)
     assert groups_of(optimizer) == [
+        ("muon", 3e-4, 0.1, HIDDEN_MATRICES),
         ("adam", 3e-4, 0.1, [EMBED, POS, OUTPUT]),
         ("adam", 3e-4, 0.0, ordered([*BIASES, *NORMS])),
-        ("muon", 3e-4, 0.1, HIDDEN_MATRICES),
     ]
-    assert [type(inner).__name__ for inner in optimizer.optimizers] == ["AdamW", "Muon"]
-    muon = optimizer.param_groups[2]
+    assert [type(inner).__name__ for inner in optimizer.optimizers] == ["Muon", "AdamW"]
+    muon = optimizer.param_groups[0]
     assert (muon["momentum"], muon["scale_mode"], muon["extra_scale_factor"]) == (0.95, "spectral", 0.2)
-    assert optimizer.param_groups[0]["betas"] == (0.9, 0.95)
+    assert optimizer.param_groups[1]["betas"] == (0.9, 0.95)
 
 
 def test_muon_llm_on_a_tied_model_keeps_the_shared_embedding_on_adamw() -> None:
     config, overrides = load_recipe("muon-llm")
     groups, _ = resolve_group_configs(config, tiny_gpt(tie_embeddings=True), overrides, strict=True)
     assert [(g.optimizer, g.weight_decay, g.param_names[:2]) for g in groups] == [
+        ("muon", 0.1, ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.self_attention.linear_proj.weight")),
         ("adam", 0.1, (EMBED, POS)),
         ("adam", 0.0, ("decoder.layers.0.input_layernorm.weight", "decoder.layers.0.input_layernorm.bias")),
-        ("muon", 0.1, ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.self_attention.linear_proj.weight")),
     ]
-    assert len(groups[0].params) == 2
+    assert len(groups[1].params) == 2
 
 
 def test_muon_llm_respects_use_muon_false(model: nn.Module) -> None:
     config, overrides = load_recipe("muon-llm")
     model.decoder.layers[0].mlp.linear_fc2.weight.use_muon = False  # type: ignore[index, union-attr]
     groups, _ = resolve_group_configs(config, model, overrides, strict=True)
-    assert [(g.optimizer, list(g.param_names)) for g in groups if g.weight_decay] == [
-        ("adam", [EMBED, POS, FC2[0], OUTPUT]),
-        ("muon", [QKV[0], PROJ[0], FC1[0]]),
+    assert [(g.optimizer, list(g.param_names), g.auto_routed) for g in groups if g.weight_decay] == [
+        ("muon", [QKV[0], PROJ[0], FC1[0]], None),
+        ("adam", [FC2[0]], f"auto: muon leaves {get_spec('muon').declines_what} -> muon_scalar_optimizer='adam'"),
+        ("adam", [EMBED, POS, OUTPUT], None),
     ]
 
 
@@ -670,5 +672,5 @@ def test_dump_param_groups_takes_a_shipped_recipe_name(capsys: pytest.CaptureFix
 
     groups = json.loads(out)["groups"]
     assert [(g["optimizer"], g["weight_decay"], g["num_params"]) for g in groups] == [
-        ("adam", 0.1, 3), ("adam", 0.0, 18), ("muon", 0.1, 8),
+        ("muon", 0.1, 8), ("adam", 0.1, 3), ("adam", 0.0, 18),
     ]  # fmt: skip

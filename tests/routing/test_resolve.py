@@ -489,7 +489,7 @@ def test_standard_overrides_decoupled_min_lr_is_added_when_given(tied_gpt: GPT) 
 
 
 def test_standard_overrides_without_decoupled_lr_has_only_the_no_decay_key() -> None:
-    assert [k.describe() for k in standard_overrides()] == ["name='*.bias', predicate='is_1d'"]
+    assert [k.describe() for k in standard_overrides()] == ["name='*.bias', predicate='is_1d', role=('bias', 'norm')"]
     assert list(standard_overrides().values()) == [{"wd_mult": 0.0}]
 
 

@@ -1,0 +1,134 @@
+"""Muon's pure operations: the update's arithmetic, the matrix views of a param, FSDP2 shards.
+
+:class:`~optzoo.optimizers.muon.Muon` (and :class:`~optzoo.optimizers.adaptive_muon.AdaptiveMuon`)
+compose these; each is tested on its own. Newton–Schulz itself is
+:func:`optzoo.optimizers.newton_schulz.newton_schulz`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from .._common import check_choice
+
+__all__ = [
+    "ScaleMode",
+    "as_matrices",
+    "compute_dtype",
+    "decoupled_weight_decay_",
+    "gather_whole",
+    "matrix_shape",
+    "momentum_direction_",
+    "muon_scale_factor",
+    "qkv_blocks",
+    "take_shard",
+]
+
+ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
+"""How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
+
+
+def muon_scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
+    """The factor on the orthogonalised update of a ``rows × cols`` matrix: upstream's
+    ``get_muon_scale_factor(size_out=rows, size_in=cols, mode)``.
+
+    * ``spectral``: ``√max(rows, cols)`` (Jordan; Kimi, arXiv:2502.16982), lr transfer from AdamW.
+    * ``unit_rms_norm``: ``√(rows / cols)`` (Scion, arXiv:2502.07529): unit RMS→RMS operator norm.
+    * ``shape_scaling``: ``√max(1, rows / cols)`` (https://kellerjordan.github.io/posts/muon/).
+
+    Example:
+        >>> muon_scale_factor(1024, 4096, "spectral"), muon_scale_factor(4096, 1024, "shape_scaling")
+        (64.0, 2.0)
+    """
+    check_choice("`scale_mode`", mode, get_args(ScaleMode))
+    if mode == "shape_scaling":
+        return float(max(1.0, rows / cols) ** 0.5)
+    if mode == "spectral":
+        return float(max(rows, cols) ** 0.5)
+    return float((rows / cols) ** 0.5)  # unit_rms_norm
+
+
+def decoupled_weight_decay_(param: torch.Tensor, *, lr: float, weight_decay: float) -> None:
+    """``W ← W − lr·λ·W`` in place: upstream's ``decoupled`` method, with the same operation."""
+    if weight_decay != 0.0:
+        param.add_(param, alpha=-weight_decay * lr)
+
+
+def momentum_direction_(momentum_buffer: torch.Tensor, grad: torch.Tensor, *, momentum: float, nesterov: bool) -> torch.Tensor:
+    """Update the EMA momentum in place and return the direction to orthogonalise.
+
+    ``M ← M + (1 − μ)(G − M)``, then ``M`` or, with Nesterov, ``G + μ(M − G)``: upstream's
+    ``lerp`` forms, bit for bit. Without Nesterov the returned tensor *is* the buffer.
+    """
+    momentum_buffer.lerp_(grad, 1 - momentum)
+    return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
+
+
+def qkv_blocks(matrix: torch.Tensor, split: Sequence[int]) -> list[torch.Tensor]:
+    """Views of a fused QKV matrix's blocks, each ``(query_groups, split[k], cols)``.
+
+    The rows hold ``query_groups`` repeats of ``sum(split)`` rows (e.g. ``[q, kv, kv]``); block
+    ``k`` gathers the ``split[k]`` rows at the same offset of every group. Orthogonalised, block
+    ``k`` is the ``(query_groups · split[k]) × cols`` matrix ``view.reshape(-1, cols)``, as in
+    Megatron-Core's ``TensorParallelMuon.orthogonalize``.
+
+    Example:
+        >>> [tuple(b.shape) for b in qkv_blocks(torch.zeros(2 * (4 + 2 + 2), 16), [4, 2, 2])]
+        [(2, 4, 16), (2, 2, 16), (2, 2, 16)]
+    """
+    rows, cols = matrix.shape
+    grouped = matrix.view(rows // sum(split), sum(split), cols)
+    return list(torch.split(grouped, list(split), dim=1))
+
+
+def matrix_shape(shape: Sequence[int], *, flatten: bool) -> tuple[int, ...]:
+    """The shape under which a param of ``shape`` is orthogonalised: ``(..., rows, cols)``.
+
+    A 2-D param is one matrix whatever ``flatten`` says. An N-D one is a stack of ``shape[-2:]``
+    matrices over its leading dims (``flatten=False``; e.g. MoE experts), or the one matrix
+    ``(shape[0], prod(shape[1:]))`` (``flatten=True``; e.g. conv filters). A param-shaped
+    contiguous tensor views as this shape with no copy (:func:`as_matrices`).
+
+    Example:
+        >>> matrix_shape((8, 4, 16), flatten=False), matrix_shape((8, 4, 3, 3), flatten=True)
+        ((8, 4, 16), (8, 36))
+    """
+    if flatten and len(shape) > 2:
+        return (shape[0], math.prod(shape[1:]))
+    return tuple(shape)
+
+
+def as_matrices(tensor: torch.Tensor, *, flatten: bool) -> torch.Tensor:
+    """A param-shaped tensor as the matrices it is orthogonalised as (:func:`matrix_shape`): a
+    view where its layout allows (always for a contiguous tensor), else a copy."""
+    return tensor.reshape(matrix_shape(tensor.shape, flatten=flatten))
+
+
+def compute_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype a param's step (and its state) is computed in: float32 for 16-bit params."""
+    return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype
+
+
+def gather_whole(shard: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """The whole tensor whose pieces are every rank's ``shard``, laid out as ``like``'s (an all-gather).
+
+    ``like`` gives the mesh, placements and global shape, so uneven shards (rows not divisible
+    by the world size) come back unpadded.
+    """
+    spread = DTensor.from_local(shard, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+    return spread.full_tensor()
+
+
+def take_shard(whole: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """This rank's shard of ``whole`` (a tensor every rank holds), laid out as ``like``'s local shard.
+
+    Redistributing from ``Replicate`` to ``like``'s placements slices locally: no communication.
+    """
+    mesh = like.device_mesh
+    replicated = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return replicated.redistribute(mesh, like.placements).to_local()

@@ -1,0 +1,151 @@
+"""The routing linter: each finding's exact message, and how get_optimizer reports them.
+
+Models: the nanoGPT-style module of tests/routing/test_roles.py (tied ``wte``/``lm_head``, learned
+``wpe``, LayerNorms with and without bias), and a conv net for the large-matrix finding.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from optzoo import (
+    OptimizerConfig,
+    ParamKey,
+    RoutingLintWarning,
+    get_optimizer,
+    get_predicate,
+    get_standard_config_overrides,
+    lint_routing,
+    resolve_group_configs,
+)
+from optzoo.lint import LARGE_PARAM_ELEMENTS
+from optzoo.models import GPT, GPTConfig
+from tests.routing.test_roles import NanoGPT
+
+MUON = OptimizerConfig(lr=1e-3, weight_decay=0.1, optimizer="muon")
+ADAMW = OptimizerConfig(lr=1e-3, weight_decay=0.1)
+BIASES = [f"transformer.h.0.{n}.bias" for n in ("ln_1", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+
+
+def nanogpt() -> nn.Module:
+    torch.manual_seed(0)
+    return NanoGPT(vocab=32, hidden=8, layers=1)
+
+
+def findings(config: OptimizerConfig, model: nn.Module, overrides: object = None) -> list[tuple[str, tuple[str, ...], str]]:
+    groups, routing = resolve_group_configs(config, model, overrides)  # type: ignore[arg-type]
+    return [(f.kind, f.params, f.message) for f in lint_routing(groups, routing)]
+
+
+def test_the_standard_routing_of_real_models_has_no_findings() -> None:
+    assert findings(MUON, nanogpt()) == []
+    assert findings(ADAMW, nanogpt()) == []
+    assert findings(MUON, GPT(GPTConfig(num_layers=1, hidden_size=16, num_heads=2, vocab_size=32, max_seq_len=8))) == []
+
+
+def test_an_embedding_or_head_sent_to_muon_by_a_rule() -> None:
+    rule = ParamKey(name=("transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"))
+    assert findings(MUON, nanogpt(), {**get_standard_config_overrides(MUON), rule: {"optimizer": "muon"}}) == [(
+        "embedding-on-matrix-optimizer", ("transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"),
+        "`transformer.wte.weight`, `lm_head.weight`, `transformer.wpe.weight`: embedding or output head routed to muon "
+        "by rule #1 name=('transformer.wte.weight', 'lm_head.weight', 'transformer.wpe.weight'); got param group #1 (muon); "
+        "expected them on the scalar optimizer (muon_scalar_optimizer), where embeddings and heads train better: narrow "
+        "the rule, e.g. exclude=ParamKey(role=('embedding', 'output'))",
+    )]  # fmt: skip
+
+
+def test_decayed_biases_norms_and_vectors() -> None:
+    assert findings(ADAMW, nanogpt(), {}) == [(
+        "decayed-vector",
+        ("transformer.h.0.ln_1.weight", *BIASES[:1], *BIASES[1:3], "transformer.h.0.ln_2.weight", *BIASES[3:],
+         "transformer.ln_f.weight", "transformer.ln_f.bias"),
+        "`transformer.h.0.ln_1.weight`, `transformer.h.0.ln_1.bias`, `transformer.h.0.attn.c_attn.bias`, "
+        "`transformer.h.0.attn.c_proj.bias`, `transformer.h.0.ln_2.weight`, `transformer.h.0.mlp.c_fc.bias`, "
+        "`transformer.h.0.mlp.c_proj.bias`, `transformer.ln_f.weight`, `transformer.ln_f.bias`: biases, norms or 1-D "
+        "params with weight decay; got weight_decay=0.1 in param group #0 (rules: none); expected no decay on them: "
+        "merge the standard overrides, {**get_standard_config_overrides(config), **yours}, or set wd_mult=0.0 on "
+        "ParamKey(role=('bias', 'norm'), predicate=get_predicate('is_1d'))",
+    )]  # fmt: skip
+    assert findings(ADAMW.replace(weight_decay=0.0), nanogpt(), {}) == []
+
+
+def test_a_2d_bias_stack_is_decayed_by_megatrons_rule_but_not_by_ours() -> None:
+    model = nn.Module()
+    model.experts = nn.Module()
+    model.experts.down_proj_bias = nn.Parameter(torch.zeros(4, 8))  # GPT-OSS's stack of expert biases
+    megatron = {ParamKey(name="*.bias", predicate=get_predicate("is_1d")): {"wd_mult": 0.0}}  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match=r"matched no parameter"):
+        assert [(kind, params) for kind, params, _ in findings(ADAMW, model, megatron)] == [
+            ("decayed-vector", ("experts.down_proj_bias",)),
+        ]
+    assert findings(ADAMW, model) == []  # the standard overrides' role=('bias', 'norm') takes it
+
+
+def test_a_large_conv_on_the_scalar_optimizer_while_muon_runs() -> None:
+    model = nn.Sequential(nn.Conv2d(32, 32, 8), nn.Flatten(), nn.Linear(64, 64))
+    assert model[0].weight.numel() >= LARGE_PARAM_ELEMENTS
+    assert findings(MUON.replace(muon_flatten_conv=False), model) == [(
+        "large-matrix-on-elementwise", ("0.weight",),
+        "`0.weight` (32x32x8x8, conv (Conv2d)): a large matrix on an element-wise optimizer while muon steps the other "
+        "matrices; got adam (param group #1, auto: muon leaves embeddings, heads, biases, norms, vectors, use_muon=False "
+        "-> muon_scalar_optimizer='adam'); expected muon: set muon_flatten_conv=True for it",
+    )]  # fmt: skip
+    routed_away = {**get_standard_config_overrides(MUON), ParamKey(name="0.weight"): {"optimizer": "adam"}}
+    assert findings(MUON, model, routed_away) == [(
+        "large-matrix-on-elementwise", ("0.weight",),
+        "`0.weight` (32x32x8x8, conv (Conv2d)): a large matrix on an element-wise optimizer while muon steps the other "
+        "matrices; got adam (param group #1); expected muon: route it there ({ParamKey(name='0.weight'): "
+        "{'optimizer': 'muon'}})",
+    )]  # fmt: skip
+    assert findings(ADAMW, model) == []  # no matrix optimizer: nothing to compare with
+
+
+def test_a_rule_that_selects_a_tied_tensor_under_one_name() -> None:
+    rule = ParamKey(name="lm_head.weight")
+    assert findings(ADAMW, nanogpt(), {**get_standard_config_overrides(ADAMW), rule: {"lr": 1e-4}}) == [(
+        "tied-names-disagree", ("transformer.wte.weight", "lm_head.weight"),
+        "`transformer.wte.weight`, `lm_head.weight`: one tied tensor; rule #1 name='lm_head.weight' selects "
+        "`lm_head.weight` but not `transformer.wte.weight`, so its ['lr'] reach every name; got different answers for "
+        "one tensor; expected a rule that selects all its names or none",
+    )]  # fmt: skip
+    excluded = ParamKey(role="embedding", exclude=ParamKey(name="lm_head.weight"))
+    kinds = findings(ADAMW, nanogpt(), {**get_standard_config_overrides(ADAMW), excluded: {"lr": 1e-4}})
+    assert [(kind, message.split("; got")[0]) for kind, _, message in kinds if kind == "tied-names-disagree"] == [(
+        "tied-names-disagree",
+        "`transformer.wte.weight`, `lm_head.weight`: one tied tensor; rule #1 role='embedding', "
+        "exclude=(name='lm_head.weight') selects `transformer.wte.weight` but not `lm_head.weight`, so it sets nothing "
+        "on the tensor (another name is excluded)",
+    )]  # fmt: skip
+
+
+def test_a_rule_wholly_shadowed_by_earlier_ones() -> None:
+    overrides = {**get_standard_config_overrides(ADAMW), ParamKey(name="*.bias"): {"wd_mult": 0.0}}
+    assert findings(ADAMW, nanogpt(), overrides) == [(
+        "shadowed-rule", (*BIASES, "transformer.ln_f.bias"),
+        "rule #1 name='*.bias': changes nothing; got {'wd_mult': 0.0} on `transformer.h.0.ln_1.bias`, "
+        "`transformer.h.0.attn.c_attn.bias`, `transformer.h.0.attn.c_proj.bias`, `transformer.h.0.mlp.c_fc.bias`, "
+        "`transformer.h.0.mlp.c_proj.bias`, `transformer.ln_f.bias`, all of it set already by rule #0 name='*.bias', "
+        "predicate='is_1d', role=('bias', 'norm'); expected it removed, or narrowed to the params it is meant for",
+    )]  # fmt: skip
+    partly = {**get_standard_config_overrides(ADAMW), ParamKey(name="*.bias"): {"wd_mult": 0.0, "lr": 1e-4}}
+    assert findings(ADAMW, nanogpt(), partly) == []  # its lr is its own
+
+
+def test_get_optimizer_warns_once_per_finding_and_lint_false_is_quiet() -> None:
+    overrides = {ParamKey(name="lm_head.weight"): {"lr": 1e-4}}  # no standard overrides: decayed norms too
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_optimizer(ADAMW, nanogpt(), overrides)
+    lint = [w for w in caught if issubclass(w.category, RoutingLintWarning)]
+    assert [re.match(r"lint: ([\w-]+): ", str(w.message)).group(1) for w in lint] == [  # type: ignore[union-attr]
+        "decayed-vector", "tied-names-disagree",
+    ]
+    assert {w.filename for w in lint} == {__file__}  # points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RoutingLintWarning)
+        get_optimizer(ADAMW, nanogpt(), overrides, lint=False)
