@@ -1,6 +1,7 @@
-"""The distributed optimizers on 1, 2 and 4 CPU ranks: step time and optimizer state per rank.
+"""The distributed optimizers on 1, 2 and 4 CPU ranks: step time, optimizer state and Newton–Schulz work per rank.
 
-Run: ``.venv/bin/python -m benchmarks.bench_distributed`` (prints one table). Each world size is
+Run: ``.venv/bin/python -m benchmarks.bench_distributed`` (prints two tables; ``--only ddp`` or
+``--only fsdp`` prints one). Each world size is
 one set of spawned processes (gloo, a file store), and each rank runs with
 ``torch.set_num_threads(1)``: 4 ranks on a 2-core machine share the cores, so there the step
 times show the cost of oversubscription and communication, not a speedup.
@@ -14,6 +15,15 @@ model; after warm-up they take turns within each repeat, every step starting beh
 A step's time is the slowest rank's; the table shows the median over repeats. State is measured
 from the tensors each rank holds: optimizer state plus fp32 main params that are not the model's
 own storage.
+
+The FSDP2 table (:func:`measure_fsdp`): every rank ``fully_shard``s the GPT (each layer, then the
+root) over a 1-D mesh and steps Muon with ``muon_fsdp_orthogonalize="owner"`` and
+``"redundant"``, taking turns as above. ``torch.utils.flop_counter.FlopCounterMode`` counts each
+rank's FLOPs over one extra step (they are all Newton–Schulz's: the rest of a step has no
+matmuls), ``CommDebugMode`` counts the collectives of that step, and the bytes each rank receives
+for Newton–Schulz are counted from the all-to-alls (owner) or computed from the shards
+(redundant: every rank receives the other ranks' pieces of every matrix). NCCL is the same code
+(``torch.distributed`` collectives) but needs GPUs; on this machine only gloo runs.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -161,6 +172,118 @@ def measure(
     return size, rows
 
 
+# ---- FSDP2 Muon: owner-computes against redundant ---------------------------------------------
+
+FSDP_MODES = ("owner", "redundant")
+
+
+def _fsdp_rank(rank: int, world: int, shape: GPTConfig, warmup: int, repeats: int) -> dict[str, Any]:
+    """Per mode: step times, FLOPs and collectives of one step, Newton–Schulz bytes received."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from optzoo.distributed import preserve_param_attributes
+
+    mesh = init_device_mesh("cpu", (world,))
+    models, optimizers = {}, {}
+    for mode in FSDP_MODES:
+        torch.manual_seed(0)
+        model = GPT(shape)
+        with preserve_param_attributes(model):
+            for layer in model.decoder.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        generator = torch.Generator().manual_seed(1)
+        for param in model.parameters():
+            assert isinstance(param, DTensor)
+            param.grad = distribute_tensor(torch.randn(param.shape, generator=generator) * 1e-3, mesh, param.placements)
+        models[mode] = model
+        optimizers[mode] = get_optimizer(MUON.replace(muon_fsdp_orthogonalize=mode), model, lint=False)
+    times: dict[str, list[float]] = {mode: [] for mode in FSDP_MODES}
+    for repeat in range(warmup + repeats):
+        for mode in FSDP_MODES:
+            dist.barrier()
+            started = time.perf_counter()
+            optimizers[mode].step()
+            if repeat >= warmup:
+                times[mode].append(time.perf_counter() - started)
+    out: dict[str, Any] = {}
+    received: list[int] = []
+    original = dist.all_to_all_single
+
+    def counting(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int], *args: Any, **kwargs: Any) -> Any:
+        received.append((sum(output_split_sizes) - output_split_sizes[rank]) * output.element_size())
+        return original(output, input, output_split_sizes, *args, **kwargs)
+
+    for mode in FSDP_MODES:
+        received.clear()
+        flops, comms = FlopCounterMode(display=False), CommDebugMode()
+        dist.all_to_all_single = counting  # type: ignore[assignment]
+        try:
+            with flops, comms:
+                optimizers[mode].step()
+        finally:
+            dist.all_to_all_single = original
+        matrices = [p for g in optimizers[mode].param_groups if g["optimizer"] == "muon" for p in g["params"]]
+        if mode == "redundant":  # each matrix's direction (fp32), gathered: the other ranks' pieces
+            nbytes = sum((p.numel() - p.to_local().numel()) * 4 for p in matrices)
+        else:
+            nbytes = sum(received)
+        counts = {str(k).rsplit(".", 1)[-1]: v for k, v in comms.get_comm_counts().items()}
+        out[mode] = {"times": times[mode], "flops": flops.get_total_flops(), "collectives": counts, "bytes": nbytes}
+    return out
+
+
+def measure_fsdp(
+    worlds: tuple[int, ...] = (1, 2, 4), *, hidden: int = 512, layers: int = 6, vocab: int = 6144, warmup: int = 1,
+    repeats: int = 5,
+) -> tuple[int, list[list[Any]]]:
+    """(model size, rows of ranks, mode, median step ms, GFLOPs per rank (max), vs 1 process,
+    collectives per step, MB received per rank for Newton–Schulz (max), owner / redundant step time)."""
+    shape = GPTConfig(hidden_size=hidden, num_layers=layers, num_heads=max(1, hidden // 64), vocab_size=vocab, max_seq_len=256)
+    size = sum(p.numel() for p in GPT(shape).parameters())
+    rows: list[list[Any]] = []
+    single: float | None = None
+    for world in sorted(worlds):
+        ranks = spawn(world, _fsdp_rank, shape, warmup, repeats)
+        medians = {}
+        for mode in FSDP_MODES:
+            slowest = [max(steps) for steps in zip(*(r[mode]["times"] for r in ranks))]
+            medians[mode] = sorted(slowest)[len(slowest) // 2]
+        for mode in FSDP_MODES:
+            flops = max(r[mode]["flops"] for r in ranks)
+            if world == 1 and mode == "redundant":
+                single = flops
+            collectives = ", ".join(f"{n} {name}" for name, n in sorted(ranks[0][mode]["collectives"].items()))
+            rows.append([
+                world, mode, medians[mode] * 1e3, flops / 1e9, flops / single if single else None, collectives or "none",
+                max(r[mode]["bytes"] for r in ranks) / 2**20, medians[mode] / medians["redundant"],
+            ])  # fmt: skip
+    return size, rows
+
+
+FSDP_HEADERS = [
+    "ranks", "Newton–Schulz on", "median step (ms)", "GFLOPs/rank (max)", "vs 1 process", "collectives per step",
+    "NS MB received/rank", "step vs redundant",
+]  # fmt: skip
+
+
+def test_fsdp_owner_computes_on_1_and_2_ranks() -> None:
+    """Runs once in the suite: a tiny GPT, one repeat; the FLOPs split as owner-computes says."""
+    _, rows = measure_fsdp((1, 2), hidden=64, layers=2, vocab=64, warmup=0, repeats=1)
+    by = {(r[0], r[1]): r for r in rows}
+    assert by[1, "owner"][3] == by[1, "redundant"][3]  # one rank: nothing to share
+    assert by[2, "redundant"][4] == 1.0  # every rank does everything
+    assert by[2, "owner"][4] <= 0.55
+    assert "alltoall_base_" in by[2, "owner"][5] and "all_gather_into_tensor" in by[2, "redundant"][5]
+    # Bytes received per rank, as fractions of all matrices' fp32 bytes: redundant (N-1)/N; owner
+    # (N-1)/N² of its own matrices' pieces plus its pieces of the others' results: 2(N-1)/N², equal at N = 2.
+    assert by[2, "owner"][6] == pytest.approx(by[2, "redundant"][6], rel=1e-9) and by[2, "owner"][6] > 0
+
+
 HEADERS = ["ranks", "setup", "median step (ms)", "state MB/rank min", "state MB/rank max", "max state vs 1 rank"]
 
 
@@ -193,14 +316,26 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--only", choices=["ddp", "fsdp"], help="print one table: the DDP-style optimizers, or FSDP2 Muon")
+    parser.add_argument("--fsdp-hidden", type=int, default=512, help="FSDP2 table: GPT width (512, 6 layers: ~25M)")
+    parser.add_argument("--fsdp-layers", type=int, default=6)
+    parser.add_argument("--fsdp-vocab", type=int, default=6144)
+    parser.add_argument("--fsdp-repeats", type=int, default=5)
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
-    size, rows = measure(tuple(args.ranks), hidden=args.hidden, layers=args.layers, vocab=args.vocab,
-                         dtype=dtype, warmup=args.warmup, repeats=args.repeats)  # fmt: skip
-    print(f"GPT hidden={args.hidden} layers={args.layers} vocab={args.vocab}: {size / 1e6:.2f}M {args.dtype} parameters; "
-          f"1 thread per rank (torch.set_num_threads(1)) on {os.cpu_count()} cores; gloo; torch {torch.__version__}")  # fmt: skip
-    table = [[*row[:3], row[3] / 2**20, row[4] / 2**20, row[5]] for row in rows]
-    print(tabulate(table, headers=HEADERS, floatfmt=("g", "", ".1f", ".2f", ".2f", ".3f")))
+    where = f"1 thread per rank (torch.set_num_threads(1)) on {os.cpu_count()} cores; gloo; torch {torch.__version__}"
+    if args.only != "fsdp":
+        dtype = getattr(torch, args.dtype)
+        size, rows = measure(tuple(args.ranks), hidden=args.hidden, layers=args.layers, vocab=args.vocab,
+                             dtype=dtype, warmup=args.warmup, repeats=args.repeats)  # fmt: skip
+        print(f"GPT hidden={args.hidden} layers={args.layers} vocab={args.vocab}: {size / 1e6:.2f}M {args.dtype} parameters; {where}")
+        table = [[*row[:3], row[3] / 2**20, row[4] / 2**20, row[5]] for row in rows]
+        print(tabulate(table, headers=HEADERS, floatfmt=("g", "", ".1f", ".2f", ".2f", ".3f")))
+    if args.only != "ddp":
+        size, rows = measure_fsdp(tuple(args.ranks), hidden=args.fsdp_hidden, layers=args.fsdp_layers, vocab=args.fsdp_vocab,
+                                  repeats=args.fsdp_repeats)  # fmt: skip
+        print(f"\nFSDP2 Muon: GPT hidden={args.fsdp_hidden} layers={args.fsdp_layers} vocab={args.fsdp_vocab}: "
+              f"{size / 1e6:.2f}M float32 parameters; {where}")  # fmt: skip
+        print(tabulate(rows, headers=FSDP_HEADERS, floatfmt=("g", "", ".0f", ".2f", ".3f", "", ".2f", ".2f")))
 
 
 if __name__ == "__main__":

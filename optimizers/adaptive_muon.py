@@ -27,7 +27,7 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.optim.optimizer import ParamsT
 
 from .._common import check_choice, local_shard
-from .muon import FinishInput, Muon, ScaleMode, as_matrices, compute_dtype, matrix_shape, muon_scale_factor, take_shard
+from .muon import FinishInput, FsdpOrthogonalize, Muon, ScaleMode, as_matrices, compute_dtype, matrix_shape, muon_scale_factor, take_shard
 from .newton_schulz import CoefficientType, MatmulPrecision
 
 __all__ = [
@@ -167,13 +167,14 @@ class AdaptiveMuon(Muon):
         moment2_method: Moment2Method = "adamuon",
         beta2: float = 0.95,
         eps: float = 1e-8,
+        fsdp_orthogonalize: FsdpOrthogonalize = "auto",
     ) -> None:
         self._variant_defaults = {"moment2_method": moment2_method, "beta2": beta2, "eps": eps}
         super().__init__(
             params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
             fp32_matmul_prec=fp32_matmul_prec, coefficient_type=coefficient_type, num_ns_steps=num_ns_steps,
             scale_mode=scale_mode, extra_scale_factor=extra_scale_factor, split_qkv=split_qkv, batched=batched,
-            flatten=flatten,
+            flatten=flatten, fsdp_orthogonalize=fsdp_orthogonalize,
         )  # fmt: skip
 
     @override

@@ -32,15 +32,19 @@ of batches in flight hold a direction (under FSDP2, a gathered whole matrix). Wi
 path, tested equal to the batched one.
 
 FSDP2 (``fully_shard``): a DTensor param's element-wise steps (weight decay, momentum, the final
-update) run on this rank's shard, and its state is sharded like it; prepare all-gathers the
-direction (one all-gather per param and step, N-D params included), which is orthogonalised
-whole, batched as above, and each rank keeps its own shard of the result. Every rank
-orthogonalises every matrix: redundant compute, accepted for now because it is simple and its
-result equals a single process's.
+update) run on this rank's shard, and its state is sharded like it. Newton–Schulz needs whole
+matrices. With owner-computes (``fsdp_orthogonalize``; the default where it saves work), each
+matrix of a dim-0-sharded param has one owner rank: per bucket of same-shape matrices, one
+all-to-all brings the owners the directions' pieces, each owner orthogonalises its matrices,
+batched, and one more all-to-all sends each rank its piece of the result
+(:mod:`optzoo.optimizers.owner_compute`). The redundant path all-gathers each param's direction
+(one all-gather per param and step), every rank orthogonalises every matrix, and keeps its shard.
+Both give the single process's result, bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections import Counter
@@ -50,7 +54,8 @@ from types import MappingProxyType
 from typing import Any, Literal, get_args, override
 
 import torch
-from torch.distributed.tensor import DTensor
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
 from torch.optim.optimizer import ParamsT, StateDict
 
 from .._common import check_choice, check_flag, describe_param
@@ -68,10 +73,13 @@ from .muon_ops import (  # re-exported: callers import them from here
     qkv_blocks as qkv_blocks,
     take_shard as take_shard,
 )
-from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz
+from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz, newton_schulz_flops
+from .owner_compute import Unit, assign_owners, dim0_chunks, from_owners, to_owners
 
 __all__ = [
     "FinishInput",
+    "FsdpOrthogonalize",
+    "OWNER_COMPUTES_MAX_SHARE",
     "Muon",
     "PARAM_DTYPES",
     "ScaleMode",
@@ -86,6 +94,17 @@ __all__ = [
     "qkv_blocks",
     "take_shard",
 ]
+
+FsdpOrthogonalize = Literal["auto", "owner", "redundant"]
+"""Who orthogonalises a matrix of an FSDP2-sharded param: its one owner rank, or every rank.
+
+``auto`` takes ``owner`` when the owners' plan brings the busiest rank's Newton–Schulz FLOPs to
+at most :data:`OWNER_COMPUTES_MAX_SHARE` of the total (so enough matrices to share out), and
+``redundant`` otherwise (one matrix, or one dominant one: no compute to save, and owner-computes
+adds a second round of communication)."""
+
+OWNER_COMPUTES_MAX_SHARE = 0.75
+"""``auto`` computes on owners when the busiest owner gets at most this share of the Newton–Schulz FLOPs."""
 
 FinishInput = Literal["orthogonal", "grad", "direction"]
 """An input of ``_finish_update`` that a variant may need whole under FSDP2 (``_whole_inputs``)."""
@@ -233,6 +252,11 @@ class Muon(CheckedGroupsOptimizer):
         flatten: orthogonalise an N-D param as the one matrix ``(shape[0], prod(shape[1:]))``
             (conv filters) instead of as a stack of ``shape[-2:]`` matrices (dion's ``flatten``).
             Default False: the stack, right for MoE expert weights. 2-D params ignore it.
+        fsdp_orthogonalize: who orthogonalises the matrices of FSDP2-sharded (DTensor) params:
+            ``owner`` (each matrix once, on one rank; :mod:`optzoo.optimizers.owner_compute`),
+            ``redundant`` (every rank gathers and orthogonalises every matrix) or ``auto``
+            (default; see :data:`FsdpOrthogonalize`). The same result either way, bit for bit.
+            An instance setting, not a group one.
 
     Raises:
         TypeError: a flag is not a bool, a param's dtype is not in :data:`PARAM_DTYPES`, or
@@ -275,7 +299,10 @@ class Muon(CheckedGroupsOptimizer):
         split_qkv: bool = True,
         batched: bool = True,
         flatten: bool = False,
+        fsdp_orthogonalize: FsdpOrthogonalize = "auto",
     ) -> None:
+        check_choice("`fsdp_orthogonalize`", fsdp_orthogonalize, get_args(FsdpOrthogonalize))
+        self.fsdp_orthogonalize = fsdp_orthogonalize
         self._warned_qkv: set[int] = set()  # before super().__init__, which calls add_param_group
         defaults = {
             "lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
@@ -395,6 +422,8 @@ class Muon(CheckedGroupsOptimizer):
     def _update(self) -> None:
         """One update of every param that has a gradient, one batch of same-shape matrices at a time."""
         batches = self._plan()
+        on_owners = self._orthogonalize_on_owners([block for blocks in batches for block in blocks])
+        batches = [kept for blocks in batches if (kept := [b for b in blocks if b.param not in on_owners])]
         remaining = Counter(block.param for blocks in batches for block in blocks)
         prepared: dict[torch.Tensor, _Prepared] = {}
         orthogonal: dict[torch.Tensor, torch.Tensor] = {}  # per param; a split one's or a stack's fills in block by block
@@ -454,8 +483,8 @@ class Muon(CheckedGroupsOptimizer):
         key += (group["num_ns_steps"], group["coefficient_type"], group["fp32_matmul_prec"])
         return key if group["batched"] else (*key, unique)
 
-    def _prepare(self, param: torch.Tensor, group: dict[str, Any]) -> _Prepared:
-        """Stage 1, per param: decoupled weight decay, momentum, and under FSDP2 the gathered direction."""
+    def _prepare(self, param: torch.Tensor, group: dict[str, Any], *, gather: bool = True) -> _Prepared:
+        """Stage 1, per param: decoupled weight decay, momentum, and under FSDP2 (unless not ``gather``) the gathered direction."""
         state = self.state[param]
         if not state:
             self._init_state(param, state, group)
@@ -467,7 +496,7 @@ class Muon(CheckedGroupsOptimizer):
             local_shard(state["momentum_buffer"]), grad, momentum=group["momentum"], nesterov=group["nesterov"]
         )
         # FSDP2: Newton–Schulz needs the whole matrix; every rank gathers (and orthogonalises) it.
-        matrix = gather_whole(direction, param) if isinstance(param, DTensor) else direction
+        matrix = gather_whole(direction, param) if isinstance(param, DTensor) and gather else direction
         return _Prepared(param, local, group, state, grad, direction, matrix)
 
     def _orthogonalize_batch(self, blocks: Sequence[_Block], matrices: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -495,20 +524,149 @@ class Muon(CheckedGroupsOptimizer):
                 slot.mul_(scale)
         return out
 
-    def _apply(self, prepared: _Prepared, orthogonal: torch.Tensor) -> None:
-        """Stage 3, per param, once all its blocks are orthogonalised: ``W ← W − lr · _finish_update(...)``."""
+    def _apply(self, prepared: _Prepared, orthogonal: torch.Tensor, *, sharded: bool = False) -> None:
+        """Stage 3, per param, once all its blocks are orthogonalised: ``W ← W − lr · _finish_update(...)``.
+
+        ``orthogonal`` is the whole param's, or (``sharded``, from the owners) already this rank's shard."""
         param, group = prepared.param, prepared.group
         grad, direction = prepared.grad, prepared.direction
         whole: frozenset[FinishInput] = frozenset()
         if isinstance(param, DTensor):
             whole = self._whole_inputs(group)
-            orthogonal = orthogonal if "orthogonal" in whole else take_shard(orthogonal, param)
+            if "orthogonal" not in whole and not sharded:
+                orthogonal = take_shard(orthogonal, param)
             direction = prepared.matrix if "direction" in whole else direction
             grad = gather_whole(grad, param) if "grad" in whole else grad
         update = self._finish_update(orthogonal, param=param, state=prepared.state, group=group, grad=grad, direction=direction)
         if isinstance(param, DTensor) and "orthogonal" in whole:
             update = take_shard(update, param)
         prepared.local.add_(update, alpha=-group["lr"])
+
+    # ---- FSDP2: each matrix orthogonalised on its owner ----------------------------------------
+
+    def _orthogonalize_on_owners(self, blocks: Sequence[_Block]) -> set[torch.Tensor]:
+        """Owner-computes for the step's dim-0-sharded DTensor params (see the module docstring),
+        per process group; returns the params it stepped (the rest take the plain path)."""
+        if self.fsdp_orthogonalize == "redundant":
+            return set()
+        by_group: dict[dist.ProcessGroup, list[_Block]] = {}
+        for block in blocks:
+            param = block.param
+            if isinstance(param, DTensor) and param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),):
+                group = param.device_mesh.get_group()
+                world_size = dist.get_world_size(group)
+                held = dim0_chunks(param.shape, world_size)[dist.get_rank(group)]
+                if world_size > 1 and held[1] - held[0] == param.to_local().numel():  # the layout planned for
+                    by_group.setdefault(group, []).append(block)
+        stepped: set[torch.Tensor] = set()
+        for group, group_blocks in by_group.items():
+            units, blocks_of = self._owner_units(group_blocks, dist.get_world_size(group))
+            loads = [0.0] * dist.get_world_size(group)
+            for unit, cost in units:
+                loads[unit.owner] += cost
+            if self.fsdp_orthogonalize == "auto" and max(loads) > OWNER_COMPUTES_MAX_SHARE * sum(loads):
+                continue
+            self._owner_step(group, [unit for unit, _ in units], blocks_of)
+            stepped.update(block.param for block in group_blocks)
+        return stepped
+
+    def _owner_units(self, blocks: Sequence[_Block], world_size: int) -> tuple[list[tuple[Unit, float]], dict[Unit, list[_Block]]]:
+        """One :class:`~optzoo.optimizers.owner_compute.Unit` per matrix (with its Newton–Schulz cost), owners assigned."""
+        matrices: dict[tuple[torch.Tensor, int], list[_Block]] = {}
+        for block in blocks:
+            matrices.setdefault((block.param, block.index), []).append(block)
+        described = []
+        for (param, index), its_blocks in matrices.items():
+            _, rows, cols = its_blocks[0].layout
+            cost = sum(_ns_cost(block) for block in its_blocks)
+            described.append(((index * rows * cols, (index + 1) * rows * cols), dim0_chunks(param.shape, world_size), cost))
+        owners, _ = assign_owners(described, world_size)
+        units: list[tuple[Unit, float]] = []
+        blocks_of: dict[Unit, list[_Block]] = {}
+        for (key, its_blocks), (span, holders, cost), owner in zip(matrices.items(), described, owners):
+            unit = Unit(key, span[0], span[1], tuple(holders), owner)
+            units.append((unit, cost))
+            blocks_of[unit] = its_blocks
+        return units, blocks_of
+
+    def _owner_step(self, group: dist.ProcessGroup, units: Sequence[Unit], blocks_of: dict[Unit, list[_Block]]) -> None:
+        """Prepare every param on its shard, then per bucket of same-shape matrices: to the owners,
+        orthogonalise there, back to the ranks; then apply every param on its shard."""
+        rank = dist.get_rank(group)
+        prepared: dict[torch.Tensor, _Prepared] = {}
+        for unit in units:
+            param = blocks_of[unit][0].param
+            if param not in prepared:
+                group_settings = blocks_of[unit][0].group
+                prepared[param] = self._prepare(param, group_settings, gather="direction" in self._whole_inputs(group_settings))
+        whole_params = {param for param, p in prepared.items() if "orthogonal" in self._whole_inputs(p.group)}
+        buckets: dict[tuple[Any, ...], list[Unit]] = {}
+        for unit in units:
+            first = blocks_of[unit][0]
+            buckets.setdefault((compute_dtype(first.param), *first.layout[1:]), []).append(unit)
+        shards: dict[torch.Tensor, torch.Tensor] = {}  # per param: this rank's flat piece of the result
+        wholes: dict[torch.Tensor, torch.Tensor] = {}  # per param needing it whole: the whole result
+        for bucket in buckets.values():
+            matrices = to_owners(bucket, lambda u: prepared[blocks_of[u][0].param].direction.reshape(-1), rank=rank, group=group)
+            results = self._orthogonalize_owned(matrices, blocks_of, whole_params)
+            like = prepared[blocks_of[bucket[0]][0].param].direction
+            received = from_owners(
+                bucket, results, lambda u: blocks_of[u][0].param in whole_params, rank=rank, group=group, like=like
+            )
+            for unit, piece in received.items():
+                first = blocks_of[unit][0]
+                param = first.param
+                if param in whole_params:
+                    count, rows, cols = first.layout
+                    transposed = _transposed(blocks_of[unit])
+                    if param not in wholes:
+                        wholes[param] = like.new_empty((count, cols, rows) if transposed else (count, rows, cols))
+                    wholes[param][first.index].view(-1).copy_(piece)
+                else:
+                    low = unit.holders[rank][0]
+                    if param not in shards:
+                        shards[param] = like.new_empty(unit.holders[rank][1] - low)
+                    start, stop = unit.piece(rank)
+                    shards[param][start - low : stop - low] = piece
+        for param, ready in prepared.items():
+            if param in whole_params:
+                stacked = wholes[param]
+                transposed = _transposed(blocks_of[next(u for u in units if blocks_of[u][0].param is param)])
+                self._apply(ready, (stacked.mT if transposed else stacked).view(param.shape))
+            else:
+                local = local_shard(param)
+                flat = shards[param] if param in shards else ready.direction.new_empty(0)
+                self._apply(ready, flat.view(local.shape), sharded=True)
+
+    def _orthogonalize_owned(
+        self, matrices: Mapping[Unit, torch.Tensor], blocks_of: Mapping[Unit, list[_Block]], whole_params: set[torch.Tensor]
+    ) -> dict[Unit, torch.Tensor]:
+        """This rank's whole matrices orthogonalised, batched as the plain path batches them, each
+        flattened for sending: row-major, or (sent whole) in the layout its receivers rebuild."""
+        batches: dict[tuple[Any, ...], list[tuple[Unit, _Block]]] = {}
+        for unit in matrices:
+            for block in blocks_of[unit]:
+                alone = dataclasses.replace(block, layout=(1, *block.layout[1:]), index=0)  # the block of the lone matrix
+                batches.setdefault(self._batch_key(alone, len(batches)), []).append((unit, alone))
+        outputs: dict[Unit, torch.Tensor] = {}
+        for batch in batches.values():
+            _, rows, cols = batch[0][1].layout
+            out = self._orthogonalize_batch([b for _, b in batch], [matrices[u].view(1, rows, cols) for u, _ in batch])
+            for slot, (unit, block) in zip(out, batch):
+                if block.whole:
+                    outputs[unit] = slot
+                else:
+                    if unit not in outputs:
+                        outputs[unit] = slot.new_empty((rows, cols))  # split blocks are gathered row-major
+                    block.of(outputs[unit]).copy_(block.in_slot(slot))
+        results: dict[Unit, torch.Tensor] = {}
+        for unit, output in outputs.items():
+            if blocks_of[unit][0].param in whole_params and _transposed(blocks_of[unit]):
+                assert output.mT.is_contiguous()  # Newton–Schulz returns tall matrices transposed
+                results[unit] = output.mT.reshape(-1)
+            else:
+                results[unit] = output.reshape(-1)
+        return results
 
     # ---- state dict ---------------------------------------------------------------------------
 
@@ -538,3 +696,17 @@ class Muon(CheckedGroupsOptimizer):
                 group.setdefault(key, value)
         for param, values in restored.items():
             self.state[param].update(values)
+
+
+def _ns_cost(block: _Block) -> float:
+    """Newton–Schulz FLOPs of one block, the cheaper variant (as the registry's ``update_cost``)."""
+    rows, cols = block.shape
+    steps = block.group["num_ns_steps"]
+    return float(min(newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")))
+
+
+def _transposed(blocks: Sequence[_Block]) -> bool:
+    """Whether a matrix's orthogonalised output comes back transposed: a lone tall block
+    (Newton–Schulz iterates on the transpose of tall matrices); split blocks are gathered row-major."""
+    block = blocks[0]
+    return len(blocks) == 1 and block.groups == 1 and block.rows == block.layout[1] and block.shape[0] > block.shape[1]

@@ -387,7 +387,7 @@ register(
 _MUON_FIELDS = (
     "muon_momentum", "muon_nesterov", "muon_fp32_matmul_prec", "muon_coefficient_type", "muon_num_ns_steps",
     "muon_scale_mode", "muon_extra_scale_factor", "muon_split_qkv", "muon_tp_mode", "muon_scalar_optimizer",
-    "muon_flatten_conv",
+    "muon_flatten_conv", "muon_fsdp_orthogonalize",
 )  # fmt: skip
 _MUON_SHAPES = "matrices, expert stacks, conv filters"
 
@@ -412,9 +412,9 @@ register(
         shapes=_MUON_SHAPES,
         place=_place_muon,
         config_fields=_MUON_FIELDS,
-        instance_fields=(),
+        instance_fields=("muon_fsdp_orthogonalize",),
         group_options=_muon_options,
-        build=lambda groups, _: Muon(groups),
+        build=lambda groups, instance: Muon(groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"]),
     )
 )
 
@@ -428,11 +428,11 @@ register(
         shapes=_MUON_SHAPES,
         place=_place_muon,
         config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
-        instance_fields=(),
+        instance_fields=("muon_fsdp_orthogonalize",),
         group_options=lambda c: {
             **_muon_options(c), "moment2_method": c["adaptive_muon_moment2_method"],
             "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
         },  # fmt: skip
-        build=lambda groups, _: AdaptiveMuon(groups),
+        build=lambda groups, instance: AdaptiveMuon(groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"]),
     )
 )

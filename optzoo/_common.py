@@ -6,13 +6,16 @@ so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``test
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
+
 
 import torch
 from torch.distributed.tensor import DTensor
 
 __all__ = [
+    "assign_least_loaded",
     "PARAM_DTYPES",
     "ROLES",
     "SCALAR_ROLES",
@@ -120,3 +123,26 @@ def fused_supported(params: Sequence[torch.Tensor]) -> bool:
 
     devices = _get_fused_kernels_supported_devices()
     return bool(params) and all(p.device.type in devices and torch.is_floating_point(p) for p in params)
+
+
+def assign_least_loaded(costs: Sequence[float], loads: list[float]) -> list[int]:
+    """Give each cost an owner: largest first, to the least-loaded rank (greedy longest-processing-time).
+
+    ``loads`` holds each rank's load so far and is updated. Ties go to the earlier cost, then the
+    lower rank, so every rank computes the same owners. The distributed optimizers' planner and
+    Muon's owner-computes under FSDP2 both balance with it.
+
+    Example:
+        >>> loads = [0.0, 0.0]
+        >>> assign_least_loaded([1.0, 3.0, 2.0, 2.0], loads), loads
+        ([0, 0, 1, 1], [4.0, 4.0])
+    """
+    owners = [0] * len(costs)
+    heap = [(load, rank) for rank, load in enumerate(loads)]
+    heapq.heapify(heap)
+    for position in sorted(range(len(costs)), key=lambda k: -costs[k]):
+        load, rank = heapq.heappop(heap)
+        owners[position] = rank
+        loads[rank] = load + costs[position]
+        heapq.heappush(heap, (loads[rank], rank))
+    return owners

@@ -17,13 +17,14 @@ import torch
 
 from optzoo._common import invalid
 from optzoo.optimizers.adaptive_muon import Moment2Method
-from optzoo.optimizers.muon import ScaleMode
+from optzoo.optimizers.muon import FsdpOrthogonalize, ScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision
 from optzoo.optimizers.registry import get_spec, registered_names
 
 __all__ = [
     "AdamOptimizerConfig",
     "AdaptiveMuonMoment2Method",
+    "MuonFsdpOrthogonalize",
     "GROUP_FIELDS",
     "MuonCoefficientType",
     "MuonMatmulPrecision",
@@ -39,6 +40,7 @@ MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
 MuonMatmulPrecision = MatmulPrecision
 AdaptiveMuonMoment2Method = Moment2Method
+MuonFsdpOrthogonalize = FsdpOrthogonalize
 
 SCHEDULE_KEYS: tuple[str, ...] = ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd")
 """Override keys read by the scheduler (Megatron's ``ParamGroupOverride``), beside config fields."""
@@ -192,6 +194,12 @@ class OptimizerConfig:
     Muon), when True; to ``muon_scalar_optimizer`` when False. An optzoo extension (Megatron-Core
     has no conv layers); per group, so ``{ParamKey(role="conv"): {"muon_flatten_conv": False}}``
     switches it for some layers."""
+    muon_fsdp_orthogonalize: str = "auto"
+    """Under FSDP2, who orthogonalises a sharded matrix: ``owner`` (one rank per matrix, the
+    results sent back as shards), ``redundant`` (every rank, each matrix gathered whole) or
+    ``auto`` (owner-computes when it cuts the busiest rank's Newton–Schulz FLOPs to at most 3/4
+    of the total); one of :data:`MuonFsdpOrthogonalize`. The same result either way, bit for bit.
+    An optzoo extension (Megatron-Core's Muon has no FSDP2 path)."""
 
     # ---- Lion -------------------------------------------------------------------------------
     lion_beta1: float = 0.95
@@ -274,6 +282,7 @@ class OptimizerConfig:
             ("muon_scalar_optimizer", scalar),
             ("muon_fp32_matmul_prec", get_args(MuonMatmulPrecision)),
             ("adaptive_muon_moment2_method", get_args(AdaptiveMuonMoment2Method)),
+            ("muon_fsdp_orthogonalize", get_args(MuonFsdpOrthogonalize)),
         ):
             value = getattr(self, field)
             if value not in allowed:

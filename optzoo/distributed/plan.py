@@ -16,13 +16,13 @@ data-parallel group; it reads only shapes and the registry's algorithm facts, so
 from __future__ import annotations
 
 import bisect
-import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from optzoo._common import assign_least_loaded
 from optzoo.groups import ResolvedGroup
 from optzoo.optimizers.registry import ELEMENTWISE_FLOPS_PER_ELEMENT, get_spec
 from optzoo.wrapper.param_map import Part
@@ -104,8 +104,11 @@ def param_cost(group: ResolvedGroup, param: torch.Tensor) -> float:
     return spec.update_cost(tuple(param.shape), {**fields, "flatten": group.flatten})
 
 
-def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode) -> ShardingPlan:
+def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode, *, names: Collection[str] | None = None) -> ShardingPlan:
     """Assign every param (layer-wise) or element range (sharded, element-wise optimizers) an owner.
+
+    ``names``: plan only these params (default: all); the distributed optimizers plan expert
+    params over the expert data-parallel group and the rest over the data-parallel group.
 
     Whole params go to the least-loaded rank, largest cost first (ties: lowest rank, then routing
     order), so the plan is deterministic and identical on every rank.
@@ -128,6 +131,7 @@ def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode) ->
         (group, index, name, routed.param)
         for group in groups
         for index, (routed, name) in enumerate(zip(group.params, group.param_names))
+        if names is None or name in names
     ]
     shards: list[Shard] = []
     loads = [0.0] * world_size
@@ -151,13 +155,8 @@ def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode) ->
     else:
         whole = entries
     costs = [param_cost(group, param) for group, _, _, param in whole]
-    heap = [(load, rank) for rank, load in enumerate(loads)]
-    heapq.heapify(heap)
-    for position in sorted(range(len(whole)), key=lambda k: -costs[k]):
-        load, rank = heapq.heappop(heap)
-        group, index, name, param = whole[position]
-        shards.append(Shard(name, group.index, index, rank, 0, param.numel(), param.numel(), costs[position]))
-        heapq.heappush(heap, (load + costs[position], rank))
+    for (group, index, name, param), rank, cost in zip(whole, assign_least_loaded(costs, loads), costs):
+        shards.append(Shard(name, group.index, index, rank, 0, param.numel(), param.numel(), cost))
     order = {(g.index, i): k for k, (g, i, _, _) in enumerate(entries)}
     shards.sort(key=lambda s: (order[(s.group, s.index)], s.start))
     return ShardingPlan(world_size, mode, tuple(shards))
