@@ -15,6 +15,7 @@ from tabulate import tabulate
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
 from optzoo.distributed.plan import Mode, plan_shards
+from optzoo.distributed.setup import is_expert
 from optzoo.groups import ResolvedGroup, resolve_group_configs
 from optzoo.lint import Finding, findings_as_json, lint_routing
 from optzoo.models import BUILTIN_MODELS, build_model
@@ -120,11 +121,29 @@ def _cmd_dump(args: argparse.Namespace) -> int:
             f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "
             "without it; expected --world-size N as well"
         )
+    if args.expert_world_size is not None and (
+        args.world_size is None or args.expert_world_size < 1 or args.world_size % args.expert_world_size
+    ):
+        raise ValueError(
+            f"`--expert-world-size`: must divide --world-size (expert-parallel x expert-data-parallel = data-parallel); "
+            f"got {args.expert_world_size} with --world-size {args.world_size}; expected a divisor of N >= 1"
+        )
     config, groups, routing = _resolve(args)
     findings = lint_routing(groups, routing) if args.lint else []
-    # The plan every rank of get_optimizer would compute: it needs only shapes, so meta is enough.
-    plan = None if args.world_size is None else plan_shards(groups, args.world_size, _distributed_mode(args, config))
+    # The plans every rank of get_optimizer would compute: they need only shapes, so meta is enough.
+    plan = expert_plan = None
+    if args.world_size is not None:
+        mode = _distributed_mode(args, config)
+        if args.expert_world_size is None:
+            plan = plan_shards(groups, args.world_size, mode)
+        else:
+            experts = {name for g in groups for routed, name in zip(g.params, g.param_names) if is_expert(routed)}
+            dense = {name for g in groups for name in g.param_names} - experts
+            plan = plan_shards(groups, args.world_size, mode, names=dense)
+            expert_plan = plan_shards(groups, args.expert_world_size, mode, names=experts)
     owners = {} if plan is None else owner_shards(groups, plan)
+    if expert_plan is not None:
+        owners.update({name: shards for name, shards in owner_shards(groups, expert_plan).items() if shards})
     if args.format == "json":
         document = param_group_map(groups, routing)
         if not args.explain:
@@ -139,6 +158,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
                 name: [{"rank": s.rank, "start": s.start, "stop": s.stop} for s in shards] for name, shards in owners.items()
             }
             document["ranks"] = rank_rows(plan)
+        if expert_plan is not None:
+            document["expert_world_size"] = expert_plan.world_size
+            document["expert_ranks"] = rank_rows(expert_plan)
         if args.lint:
             document["lint"] = findings_as_json(findings)
         print(json.dumps(document, indent=2))
@@ -149,13 +171,17 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         if not args.explain:
             rows, headers = [row[:3] for row in rows], headers[:3]
         if plan is not None:
-            rows, headers = [[*row, owner_text(owners[row[0]])] for row in rows], [*headers, "owner"]
+            label = "owner (experts: expert-DP rank)" if expert_plan is not None else "owner"
+            rows, headers = [[*row, owner_text(owners[row[0]])] for row in rows], [*headers, label]
         print()
         print(tabulate(rows, headers=headers, tablefmt="simple"))
-    if plan is not None:
-        table = [[r["rank"], r["params"], r["state_elements"], format_gflop(r["load_flops"]), 100 * r["share"]] for r in rank_rows(plan)]
+    for one_plan, what in ((plan, " (non-expert params)" if expert_plan else ""), (expert_plan, " (expert params)")):
+        if one_plan is None:
+            continue
+        table = [[r["rank"], r["params"], r["state_elements"], format_gflop(r["load_flops"]), 100 * r["share"]] for r in rank_rows(one_plan)]
+        group = "expert data-parallel rank" if one_plan is expert_plan else "rank"
         print()
-        print(f"{plan.mode} plan over {plan.world_size} rank{'s' if plan.world_size > 1 else ''}:")
+        print(f"{one_plan.mode} plan over {one_plan.world_size} {group}{'s' if one_plan.world_size > 1 else ''}{what}:")
         print(tabulate(table, headers=RANK_HEADERS, tablefmt="simple", floatfmt=".1f", disable_numparse=[3], colalign=("right",) * 5))
     if args.lint:
         print()
@@ -201,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument(
         "--world-size", type=int, metavar="N",
         help="also show the distributed optimizer's plan over N ranks: each param's owner and each rank's load",
+    )
+    dump.add_argument(
+        "--expert-world-size", type=int, metavar="M",
+        help="with --world-size N: expert params (allreduce=False, or the expert role) get their own plan over an "
+        "expert data-parallel group of M ranks (M divides N), as get_optimizer(expert_process_group=...) plans them",
     )
     dump.add_argument(
         "--distributed-mode", choices=["layer_wise", "sharded"],

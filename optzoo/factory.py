@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,15 @@ from optzoo._common import jsonable
 from optzoo.config import OptimizerConfig
 from optzoo.distributed.optimizer import DistributedOptimizer, ParamSync
 from optzoo.distributed.plan import Mode, ShardingPlan, plan_shards
-from optzoo.distributed.setup import check_same_model, data_parallel_group
+from optzoo.distributed.setup import (
+    ExpertLayout,
+    check_same_model,
+    data_parallel_group,
+    distributed_flag,
+    expert_data_parallel_group,
+    expert_layout,
+    is_expert,
+)
 from optzoo.groups import OverrideValue, ResolvedGroup, resolve_group_configs
 from optzoo.lint import lint_routing, warn_findings
 from optzoo.optimizers.registry import get_spec
@@ -44,6 +53,7 @@ def get_optimizer(
     process_group: dist.ProcessGroup | None = None,
     param_sync: ParamSync = "all_gather",
     pg_collection: Any = None,
+    expert_process_group: dist.ProcessGroup | None = None,
     lint: bool = True,
 ) -> MixedPrecisionOptimizer:
     """Build one optimizer for every trainable parameter of ``model_chunks``.
@@ -67,7 +77,12 @@ def get_optimizer(
         param_sync: How updated params reach every rank under those flags: ``all_gather``
             (default) or ``broadcast``.
         pg_collection: Megatron-Core's ``ProcessGroupCollection`` (or any object with a ``dp_cp``
-            or ``dp`` process group): its data-parallel group is used as ``process_group``.
+            or ``dp`` process group): its data-parallel group is used as ``process_group``, and
+            its ``expt_dp`` group, if any, as ``expert_process_group``.
+        expert_process_group: The expert data-parallel group: under the distributed-optimizer
+            flags, expert params (Megatron's ``allreduce=False``, or the ``expert`` role) are owned
+            or sharded over it, and the rest over the data-parallel group (Megatron-Core's
+            separate expert optimizer). It must lie in the data-parallel group and divide it.
         lint: Run the routing linter (:mod:`optzoo.lint`) and warn once per finding.
 
     Returns:
@@ -97,12 +112,21 @@ def get_optimizer(
         warn_findings(lint_routing(groups, routing))
     check_param_dtypes(config, groups)
     group = data_parallel_group(config, groups, process_group=process_group, pg_collection=pg_collection)
-    plan = _sharding_plan(config, groups, group)
-    owned = None if plan is None else plan.parts_owned_by(dist.get_rank(group))
+    expert_group = expert_data_parallel_group(
+        groups, expert_process_group=expert_process_group, pg_collection=pg_collection, data_parallel=group,
+        flag=distributed_flag(config),
+    )  # fmt: skip
+    plans = _sharding_plans(config, groups, group, expert_group)
+    owned = None
+    if plans is not None:
+        assert group is not None  # a plan is made over a group
+        owned = plans.plan.parts_owned_by(dist.get_rank(group))
+        if plans.expert_plan is not None and plans.expert_layout is not None:
+            owned |= plans.expert_plan.parts_owned_by(dist.get_rank(plans.expert_layout.group))
     param_map = build_param_map(config, groups, owned=owned, params_have_main_grad=params_have_main_grad)
     param_groups = torch_param_groups(groups, param_map)
     inner = build_inner_optimizers(groups, param_groups)
-    optimizer = _wrap(config, inner, param_groups, param_map, group, plan, param_sync, device=groups[0].params[0].param.device)
+    optimizer = _wrap(config, inner, param_groups, param_map, group, plans, param_sync, device=groups[0].params[0].param.device)
     _write_dumps(config, groups, routing, dump_param_to_param_group_map)
     return optimizer
 
@@ -118,14 +142,35 @@ def _trainable_chunks(model_chunks: Sequence[torch.nn.Module] | torch.nn.Module)
     return chunks
 
 
-def _sharding_plan(config: OptimizerConfig, groups: list[ResolvedGroup], group: dist.ProcessGroup | None) -> ShardingPlan | None:
-    """Who owns what under a distributed-optimizer flag (after checking every rank agrees), else ``None``."""
+@dataclass(frozen=True)
+class _Plans:
+    plan: ShardingPlan
+    expert_plan: ShardingPlan | None = None
+    expert_layout: ExpertLayout | None = None
+
+
+def _sharding_plans(
+    config: OptimizerConfig, groups: list[ResolvedGroup], group: dist.ProcessGroup | None, expert_group: dist.ProcessGroup | None
+) -> _Plans | None:
+    """Who owns what under a distributed-optimizer flag (after checking every rank agrees), else ``None``:
+    one plan, or with an expert data-parallel group, one for the dense params and one for the experts."""
     if not (config.use_distributed_optimizer or config.use_layer_wise_distributed_optimizer):
         return None
     assert group is not None  # data_parallel_group gives one under these flags
-    check_same_model(groups, group)
     mode: Mode = "layer_wise" if config.use_layer_wise_distributed_optimizer else "sharded"
-    return plan_shards(groups, dist.get_world_size(group), mode)
+    if expert_group is None:
+        check_same_model(groups, group)
+        return _Plans(plan_shards(groups, dist.get_world_size(group), mode))
+    experts = {name for g in groups for routed, name in zip(g.params, g.param_names) if is_expert(routed)}
+    dense = {name for g in groups for name in g.param_names} - experts
+    check_same_model(groups, group, experts=False)
+    check_same_model(groups, expert_group, experts=True)
+    layout = expert_layout(groups, group, expert_group)
+    return _Plans(
+        plan_shards(groups, dist.get_world_size(group), mode, names=dense),
+        plan_shards(groups, dist.get_world_size(expert_group), mode, names=experts),
+        layout,
+    )
 
 
 def torch_param_groups(groups: Sequence[ResolvedGroup], param_map: ParamMap) -> list[dict[str, Any]]:
@@ -158,7 +203,7 @@ def _wrap(
     param_groups: list[dict[str, Any]],
     param_map: ParamMap,
     group: dist.ProcessGroup | None,
-    plan: ShardingPlan | None,
+    plans: _Plans | None,
     param_sync: ParamSync,
     *,
     device: torch.device,
@@ -170,11 +215,11 @@ def _wrap(
         barrier_with_L1_time=config.barrier_with_L1_time,
     )
     scaler = make_grad_scaler(config, device=device)
-    if plan is not None:
+    if plans is not None:
         assert group is not None  # a plan is made over a group
         return DistributedOptimizer(
-            inner, param_groups, param_map, options, plan=plan, process_group=group, grad_scaler=scaler,
-            param_sync=param_sync, device=device,
+            inner, param_groups, param_map, options, plan=plans.plan, process_group=group, grad_scaler=scaler,
+            param_sync=param_sync, device=device, expert_plan=plans.expert_plan, expert_layout=plans.expert_layout,
         )  # fmt: skip
     wrapper = Float16OptimizerWithFloat16Params if config.fp16 or config.bf16 else FP32Optimizer
     return wrapper(inner, param_groups, param_map, options, grad_scaler=scaler, process_group=group, device=device)

@@ -136,7 +136,7 @@ def owner_shards(groups: Sequence[ResolvedGroup], plan: ShardingPlan) -> dict[st
     for shard in plan.shards:
         by_canonical.setdefault(shard.name, []).append(shard)
     return {
-        name: by_canonical[canonical]
+        name: by_canonical.get(canonical, [])
         for group in groups
         for canonical, names in zip(group.param_names, group.all_names)
         for name in names

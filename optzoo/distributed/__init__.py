@@ -11,7 +11,11 @@ from optzoo.distributed.dcp import load_dcp, save_dcp
 from optzoo.distributed.optimizer import DistributedOptimizer, ParamSync
 from optzoo.distributed.plan import Mode, Shard, ShardingPlan, param_cost, plan_shards
 from optzoo.distributed.setup import (
+    ExpertLayout,
     check_same_model,
+    expert_data_parallel_group,
+    expert_layout,
+    is_expert,
     data_parallel_group,
     fsdp_process_group,
     preserve_param_attributes,
@@ -20,6 +24,7 @@ from optzoo.distributed.setup import (
 
 __all__ = [
     "DistributedOptimizer",
+    "ExpertLayout",
     "Mode",
     "ParamSync",
     "Shard",
@@ -27,7 +32,10 @@ __all__ = [
     "check_same_model",
     "consolidate",
     "data_parallel_group",
+    "expert_data_parallel_group",
+    "expert_layout",
     "fsdp_process_group",
+    "is_expert",
     "load_dcp",
     "param_cost",
     "plan_shards",

@@ -46,7 +46,9 @@ def _merge_state(pieces: Sequence[tuple[Part, dict[str, Any]]], shape: tuple[int
     return merged
 
 
-def consolidate(local: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], param_map: ParamMap) -> dict[str, Any]:
+def consolidate(
+    local: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], param_map: ParamMap, *, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, Any]:
     """One state dict from every rank's pieces.
 
     Args:
@@ -54,6 +56,8 @@ def consolidate(local: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], pa
         ranks: Per rank, ``{"state": {name: values}, "main_params": {name: tensor},
             "parts": {name: element range}}`` for what that rank owns.
         param_map: The parameter map (every param's name and shape).
+        shapes: Params that other ranks hold and this one does not (other expert-parallel
+            ranks' experts), with their shapes; they follow the map's params.
     """
     pieces: dict[str, list[tuple[Part, dict[str, Any]]]] = {}
     main_pieces: dict[str, list[tuple[Part, torch.Tensor]]] = {}
@@ -64,10 +68,10 @@ def consolidate(local: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], pa
             main_pieces.setdefault(name, []).append((other["parts"][name], tensor))
     state: dict[str, dict[str, Any]] = {}
     main_params: dict[str, torch.Tensor] = {}
-    for entry in param_map.entries:
-        shape = tuple(entry.model.shape)
-        if entry.name in pieces:
-            state[entry.name] = _merge_state(pieces[entry.name], shape)
-        if entry.name in main_pieces:
-            main_params[entry.name] = _merge_tensor(main_pieces[entry.name], shape)
+    everything = [(entry.name, tuple(entry.model.shape)) for entry in param_map.entries] + list((shapes or {}).items())
+    for name, shape in everything:
+        if name in pieces:
+            state[name] = _merge_state(pieces[name], shape)
+        if name in main_pieces:
+            main_params[name] = _merge_tensor(main_pieces[name], shape)
     return {**local, "state": state, "main_params": main_params}

@@ -46,6 +46,12 @@ def _check_distributed(optimizer: object, function: str) -> None:
             "DistributedOptimizer get_optimizer returns with use_distributed_optimizer or "
             "use_layer_wise_distributed_optimizer (a single process saves with state_dict())"
         )
+    if optimizer.expert_layout is not None:
+        raise ValueError(
+            f"`{function}`: does not support a separate expert data-parallel group yet (expert-parallel ranks "
+            "would write their experts under one key); got an optimizer built with expert_process_group; "
+            "expected optimizer.state_dict(), which consolidates dense and expert params"
+        )
 
 
 def save_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:

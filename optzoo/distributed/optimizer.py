@@ -12,18 +12,27 @@ reads the owned part of each gradient. The inf/NaN flag, the grad norm and the z
 reduced over the group, so every rank takes the same decision and reports the single-process
 values. :meth:`DistributedOptimizer.state_dict` is a collective returning the consolidated,
 name-keyed dict one process would save, so a checkpoint saved with N ranks loads with M.
+
+Expert params (Megatron's ``allreduce=False``, or the ``expert`` role) have their own plan over
+the expert data-parallel group when one is given (``expert_process_group``, or
+``pg_collection.expt_dp``), as Megatron-Core builds a separate optimizer for them; the rest are
+planned over the data-parallel group. Each plan's params are synced within its own group. The
+data-parallel group spans expert-parallel × expert-data-parallel, so one reduction over it
+counts every element once, dense or expert: one grad norm and one inf flag for both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
 from optzoo.distributed.checkpoint import consolidate
+from optzoo._common import shorten
 from optzoo.distributed.plan import ShardingPlan
+from optzoo.distributed.setup import ExpertLayout
 from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer, StepOptions, StepResult
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
@@ -48,8 +57,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         optimizers, param_groups, param_map, options, grad_scaler, device: As
             :class:`~optzoo.MixedPrecisionOptimizer`; ``param_map`` covers every param, and its
             local entries are this rank's shards.
-        plan: Who owns what.
+        plan: Who owns what (of the expert params too, unless ``expert_plan`` is given).
         process_group: The data-parallel group (required).
+        expert_plan, expert_layout: The plan of the expert params over the expert data-parallel
+            group, and where the other expert-parallel ranks' experts are (both or neither).
         param_sync: ``all_gather`` (default: one padded all-gather per dtype) or ``broadcast``
             (one broadcast per rank and dtype).
     """
@@ -66,28 +77,39 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         grad_scaler: MegatronGradScaler | None = None,
         param_sync: ParamSync = "all_gather",
         device: torch.device | None = None,
+        expert_plan: ShardingPlan | None = None,
+        expert_layout: ExpertLayout | None = None,
     ) -> None:
+        if (expert_plan is None) != (expert_layout is None):
+            raise ValueError("`expert_plan`: comes with `expert_layout`; got one of them; expected both or neither")
         if param_sync not in ("all_gather", "broadcast"):
             raise ValueError(f"`param_sync`: unknown value; got {param_sync!r}; expected 'all_gather' or 'broadcast'")
         super().__init__(
             optimizers, param_groups, param_map, options, grad_scaler=grad_scaler, process_group=process_group, device=device
         )
         self.plan = plan
+        self.expert_plan = expert_plan
+        self.expert_layout = expert_layout
         self.param_sync = param_sync
         self.rank = dist.get_rank(process_group)
-        # Per dtype, per rank: the pieces each rank sends after the step.
-        self._layout: dict[torch.dtype, list[list[Piece]]] = {}
-        for shard in plan.shards:
-            entry = param_map.entry(shard.name)
-            assert entry is not None  # the plan was made from the same groups
-            ranks = self._layout.setdefault(entry.model.dtype, [[] for _ in range(plan.world_size)])
-            ranks[shard.rank].append((entry.model, shard.start, shard.stop))
-        # The plan fixes every bucket's size: allocate them once, not every step.
-        self._buffers: dict[torch.dtype, list[torch.Tensor]] = {}
-        for dtype, ranks in self._layout.items():
-            sizes = [sum(stop - start for _, start, stop in pieces) for pieces in ranks]
-            lengths = [max(sizes)] * len(sizes) if param_sync == "all_gather" else sizes
-            self._buffers[dtype] = [torch.empty(n, dtype=dtype, device=self._one.device) for n in lengths]
+        # Per plan: its group, and per dtype, per rank of that group, the pieces each rank sends after the step.
+        self._syncs: list[tuple[dist.ProcessGroup, int, dict[torch.dtype, list[list[Piece]]], dict[torch.dtype, list[torch.Tensor]]]] = []
+        plans = [(plan, process_group)] + ([] if expert_layout is None else [(expert_plan, expert_layout.group)])
+        for one_plan, group in plans:
+            assert one_plan is not None
+            layout: dict[torch.dtype, list[list[Piece]]] = {}
+            for shard in one_plan.shards:
+                entry = param_map.entry(shard.name)
+                assert entry is not None  # the plan was made from the same groups
+                ranks = layout.setdefault(entry.model.dtype, [[] for _ in range(one_plan.world_size)])
+                ranks[shard.rank].append((entry.model, shard.start, shard.stop))
+            # The plan fixes every bucket's size: allocate them once, not every step.
+            buffers: dict[torch.dtype, list[torch.Tensor]] = {}
+            for dtype, ranks in layout.items():
+                sizes = [sum(stop - start for _, start, stop in pieces) for pieces in ranks]
+                lengths = [max(sizes)] * len(sizes) if param_sync == "all_gather" else sizes
+                buffers[dtype] = [torch.empty(n, dtype=dtype, device=self._one.device) for n in lengths]
+            self._syncs.append((group, one_plan.world_size, layout, buffers))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
@@ -99,24 +121,25 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     @torch.no_grad()
     def _sync_params(self) -> None:
-        if self.plan.world_size == 1:
-            return  # the only rank already holds every update
-        for dtype, ranks in self._layout.items():
-            buffers = self._buffers[dtype]
-            if self.param_sync == "all_gather":
-                _pack(ranks[self.rank], buffers[self.rank])
-                dist.all_gather(buffers, buffers[self.rank], group=self.process_group)
-                for rank, pieces in enumerate(ranks):
-                    if rank != self.rank:
-                        _unpack(pieces, buffers[rank])
-            else:
-                assert self.process_group is not None  # required by __init__
-                for rank, pieces in enumerate(ranks):
-                    if rank == self.rank:
-                        _pack(pieces, buffers[rank])
-                    dist.broadcast(buffers[rank], src=dist.get_global_rank(self.process_group, rank), group=self.process_group)
-                    if rank != self.rank:
-                        _unpack(pieces, buffers[rank])
+        for group, world_size, layout, all_buffers in self._syncs:
+            if world_size == 1:
+                continue  # the only rank already holds every update
+            rank = dist.get_rank(group)
+            for dtype, ranks in layout.items():
+                buffers = all_buffers[dtype]
+                if self.param_sync == "all_gather":
+                    _pack(ranks[rank], buffers[rank])
+                    dist.all_gather(buffers, buffers[rank], group=group)
+                    for other, pieces in enumerate(ranks):
+                        if other != rank:
+                            _unpack(pieces, buffers[other])
+                else:
+                    for other, pieces in enumerate(ranks):
+                        if other == rank:
+                            _pack(pieces, buffers[other])
+                        dist.broadcast(buffers[other], src=dist.get_global_rank(group, other), group=group)
+                        if other != rank:
+                            _unpack(pieces, buffers[other])
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -129,7 +152,9 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer's state, keyed by names, as one process would save it.
 
-        A collective: every rank must call it; every rank gets the same dict.
+        A collective: every rank must call it; every rank gets the same dict. Under expert
+        parallelism it holds every expert when expert names are global, else this rank's experts
+        (see :class:`~optzoo.distributed.setup.ExpertLayout`).
         """
         local = super().state_dict()
         mine = {
@@ -137,9 +162,55 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             "main_params": {name: t.detach().cpu() for name, t in local["main_params"].items()},
             "parts": {entry.name: entry.part for entry in self.param_map.local},
         }
-        everyone: list[Any] = [None] * self.plan.world_size
+        everyone: list[Any] = [None] * dist.get_world_size(self.process_group)
         dist.all_gather_object(everyone, mine, group=self.process_group)
-        return consolidate(local, everyone, self.param_map)
+        layout = self.expert_layout
+        if layout is None:
+            return consolidate(local, everyone, self.param_map)
+        if not layout.global_names:  # the same names hold other experts elsewhere: keep this rank's
+            experts = {entry.name for entry in self.param_map.entries if entry.name in self._expert_names}
+            everyone = [other if rank in layout.peers else _without(other, experts) for rank, other in enumerate(everyone)]
+            return consolidate(local, everyone, self.param_map)
+        shapes = {name: shape for name, (_, shape) in layout.elsewhere.items()}
+        merged = consolidate(local, everyone, self.param_map, shapes=shapes)
+        groups = [dict(group, param_names=list(group["param_names"])) for group in merged["param_groups"]]
+        for name, (index, _) in layout.elsewhere.items():
+            groups[index]["param_names"].append(name)
+        return {**merged, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """As :meth:`MixedPrecisionOptimizer.load_state_dict`; under expert parallelism with global
+        expert names, the experts other ranks hold are skipped (and must be in the checkpoint)."""
+        layout = self.expert_layout
+        if layout is None or not layout.global_names or not isinstance(state_dict, Mapping) or "param_groups" not in state_dict:
+            return super().load_state_dict(state_dict)
+        saved = {n for g in state_dict["param_groups"] for n in g.get("param_names", ())}
+        absent = sorted(set(layout.elsewhere) - saved)
+        if absent:
+            raise ValueError(
+                "`state_dict`: lacks experts that other expert-parallel ranks hold; "
+                f"got a checkpoint without [{shorten(absent)}]; expected every expert (a checkpoint saved "
+                "with global expert names)"
+            )
+        elsewhere = set(layout.elsewhere)
+        groups = [
+            {**group, "param_names": [n for n in group["param_names"] if n not in elsewhere]} for group in state_dict["param_groups"]
+        ]
+        super().load_state_dict({**_without(state_dict, elsewhere), "param_groups": groups})
+
+    @property
+    def _expert_names(self) -> set[str]:
+        assert self.expert_plan is not None
+        return {shard.name for shard in self.expert_plan.shards}
+
+
+def _without(saved: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+    """``saved`` without the state and main params of ``names``."""
+    return {
+        **saved,
+        "state": {n: v for n, v in saved["state"].items() if n not in names},
+        "main_params": {n: v for n, v in saved["main_params"].items() if n not in names},
+    }
 
 
 def _to_cpu(values: dict[str, Any]) -> dict[str, Any]:

@@ -155,8 +155,8 @@ def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode, *,
     else:
         whole = entries
     costs = [param_cost(group, param) for group, _, _, param in whole]
-    for (group, index, name, param), rank, cost in zip(whole, assign_least_loaded(costs, loads), costs):
-        shards.append(Shard(name, group.index, index, rank, 0, param.numel(), param.numel(), cost))
+    for (group, index, name, param), rank, whole_cost in zip(whole, assign_least_loaded(costs, loads), costs):
+        shards.append(Shard(name, group.index, index, rank, 0, param.numel(), param.numel(), whole_cost))
     order = {(g.index, i): k for k, (g, i, _, _) in enumerate(entries)}
     shards.sort(key=lambda s: (order[(s.group, s.index)], s.start))
     return ShardingPlan(world_size, mode, tuple(shards))

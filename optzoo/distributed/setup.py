@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from dataclasses import dataclass, field
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,11 +22,16 @@ from torch.distributed.tensor import DTensor
 from optzoo._common import shorten
 from optzoo.config import OptimizerConfig
 from optzoo.groups import ResolvedGroup
+from optzoo.routing import RoutedParam
 
 __all__ = [
+    "ExpertLayout",
     "check_same_model",
     "data_parallel_group",
     "distributed_flag",
+    "expert_data_parallel_group",
+    "expert_layout",
+    "is_expert",
     "fsdp_process_group",
     "preserve_param_attributes",
     "resolve_process_group",
@@ -68,16 +74,24 @@ def resolve_process_group(process_group: dist.ProcessGroup | None, flag: str) ->
     return group
 
 
-def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.ProcessGroup) -> None:
+def is_expert(routed: RoutedParam) -> bool:
+    """An expert param: Megatron's ``allreduce=False`` tag, or the ``expert`` role read from the model."""
+    return "expert" in routed.roles.roles
+
+
+def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.ProcessGroup, *, experts: bool | None = None) -> None:
     """Fail fast, on every rank, when ranks resolved different params or groups.
 
     Ranks exchange one fingerprint (names, shapes, dtypes, group configs) before any collective
-    sized by the params, which would otherwise hang or corrupt memory.
+    sized by the params, which would otherwise hang or corrupt memory. ``experts``: compare
+    only the expert params (``True``) or only the others (``False``); expert-parallel ranks hold
+    different experts, so those are compared within their expert data-parallel group.
     """
     described = [
         (group.index, group.optimizer, name, tuple(routed.param.shape), str(routed.param.dtype))
         for group in groups
         for routed, name in zip(group.params, group.param_names)
+        if experts is None or is_expert(routed) == experts
     ]
     digest = hashlib.sha256(repr(described).encode()).hexdigest()
     everyone: list[Any] = [None] * dist.get_world_size(process_group)
@@ -98,23 +112,38 @@ def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.Proces
 def fsdp_process_group(groups: Sequence[ResolvedGroup]) -> dist.ProcessGroup | None:
     """The group over which FSDP2 (``fully_shard``) shards the params, or ``None`` without DTensors.
 
-    Every DTensor param must live on the same 1-D device mesh (what ``fully_shard`` builds for
-    plain data parallelism); HSDP's 2-D meshes and tensor parallelism are not supported.
+    Every DTensor param must live on a 1-D device mesh (what ``fully_shard`` builds for plain data
+    parallelism): one mesh, or two where expert params (:func:`is_expert`) are sharded over their
+    own expert data-parallel mesh, whose ranks lie in the other's. The other mesh's group is
+    returned: the step reduces the grad norm and the inf flag over it. HSDP's 2-D meshes and
+    tensor parallelism are not supported.
     """
-    meshes: dict[Any, str] = {}
+    meshes: dict[Any, list[tuple[str, bool]]] = {}
     for group in groups:
         for routed, name in zip(group.params, group.param_names):
             if isinstance(routed.param, DTensor):
-                meshes.setdefault(routed.param.device_mesh, name)
+                meshes.setdefault(routed.param.device_mesh, []).append((name, is_expert(routed)))
     if not meshes:
         return None
-    if len(meshes) > 1 or next(iter(meshes)).ndim != 1:
-        described = ", ".join(f"{mesh} (first: `{name}`)" for mesh, name in meshes.items())
-        raise ValueError(
-            f"`model_chunks`: DTensor params must share one 1-D device mesh (FSDP2 data parallelism); "
-            f"got {described}; expected fully_shard over a single 1-D mesh"
+
+    def refuse(problem: str) -> ValueError:
+        described = ", ".join(f"{mesh} (first: `{params[0][0]}`)" for mesh, params in meshes.items())
+        return ValueError(
+            f"`model_chunks`: {problem}; got {described}; expected fully_shard over a single 1-D mesh, "
+            "and expert params over a second 1-D mesh of an expert data-parallel group within it"
         )
-    group = next(iter(meshes)).get_group()
+
+    if len(meshes) > 2 or any(mesh.ndim != 1 for mesh in meshes):
+        raise refuse("DTensor params must share one 1-D device mesh (FSDP2 data parallelism), or two with experts")
+    if len(meshes) == 1:
+        group = next(iter(meshes)).get_group()
+    else:
+        expert_meshes = [mesh for mesh, params in meshes.items() if all(expert for _, expert in params)]
+        if len(expert_meshes) != 1:
+            raise refuse("with two meshes, one must hold the expert params only")
+        (dense,) = [mesh for mesh in meshes if mesh is not expert_meshes[0]]
+        group = dense.get_group()
+        _check_expert_group_within(expert_meshes[0].get_group(), group, "`model_chunks`: the expert mesh")
     assert isinstance(group, dist.ProcessGroup)
     return group
 
@@ -171,3 +200,111 @@ def data_parallel_group(
             f"params with {flag}=True; expected {flag}=False with FSDP2"
         )
     return process_group
+
+
+def _check_expert_group_within(expert: dist.ProcessGroup, data_parallel: dist.ProcessGroup, subject: str) -> None:
+    """The expert data-parallel group must lie in the data-parallel group and divide it (expert-parallel ×
+    expert-data-parallel = data-parallel), so that a sum over the data-parallel group counts each
+    expert element once: the grad norm and the inf flag are reduced over that group alone."""
+    experts, everyone = dist.get_process_group_ranks(expert), dist.get_process_group_ranks(data_parallel)
+    if not set(experts) <= set(everyone) or len(everyone) % len(experts):
+        raise ValueError(
+            f"{subject}: must be a subgroup of the data-parallel group whose size divides it "
+            f"(expert-parallel x expert-data-parallel = data-parallel); got ranks {experts} against {everyone}; "
+            "expected e.g. pg_collection.expt_dp with pg_collection.dp_cp"
+        )
+
+
+def expert_data_parallel_group(
+    groups: Sequence[ResolvedGroup],
+    *,
+    expert_process_group: dist.ProcessGroup | None,
+    pg_collection: Any,
+    data_parallel: dist.ProcessGroup | None,
+    flag: str | None,
+) -> dist.ProcessGroup | None:
+    """The group expert params are owned or sharded over by the distributed optimizers (Megatron-Core's
+    ``expt_dp``), or ``None`` when it is the data-parallel group (no expert parallelism).
+
+    Raises:
+        ValueError: Both ``expert_process_group`` and ``pg_collection.expt_dp`` are given, it is not
+            a process group, it is given without a distributed-optimizer flag (FSDP2's expert mesh
+            says it instead), or it does not lie in and divide the data-parallel group.
+    """
+    collected = getattr(pg_collection, "expt_dp", None) if pg_collection is not None else None
+    if collected is not None:
+        if expert_process_group is not None:
+            raise ValueError(
+                "`expert_process_group`: given, and pg_collection.expt_dp gives it too; got both; expected only one of them"
+            )
+        if not isinstance(collected, dist.ProcessGroup):
+            raise ValueError(
+                f"`pg_collection`: its expert data-parallel group is not a process group; got expt_dp = {collected!r}; "
+                "expected a torch.distributed.ProcessGroup, or None"
+            )
+        expert_process_group = collected
+    if expert_process_group is None:
+        return None
+    if flag is None:
+        raise ValueError(
+            "`expert_process_group`: only used by the distributed optimizers (under FSDP2 the expert params' "
+            "mesh gives it); got a process group with use_distributed_optimizer=False and "
+            "use_layer_wise_distributed_optimizer=False; expected one of them True, or expert_process_group=None"
+        )
+    assert data_parallel is not None  # a flag gives a data-parallel group
+    _check_expert_group_within(expert_process_group, data_parallel, "`expert_process_group`")
+    if dist.get_process_group_ranks(expert_process_group) == dist.get_process_group_ranks(data_parallel):
+        return None  # no expert parallelism: one plan over the one group
+    return expert_process_group
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where the expert params of the other expert-parallel ranks are, for consolidated checkpoints.
+
+    With global expert names (an expert keeps its name whatever rank holds it, e.g.
+    ``experts.5.w1`` on the rank that holds experts 4–7), the consolidated state dict holds every
+    expert: ``elsewhere`` maps each expert param that other expert-parallel ranks hold to its
+    group index and shape. With local names (Megatron's ``local_experts.0`` on every rank), names
+    repeat across expert-parallel ranks, the consolidated dict holds this rank's experts only
+    (one checkpoint per expert-parallel rank, as Megatron-Core saves them), and ``elsewhere`` is
+    empty.
+    """
+
+    group: dist.ProcessGroup
+    global_names: bool
+    elsewhere: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    peers: tuple[int, ...] = ()
+    """Ranks of the data-parallel group in this rank's expert data-parallel group (group ranks)."""
+
+
+def expert_layout(groups: Sequence[ResolvedGroup], data_parallel: dist.ProcessGroup, expert: dist.ProcessGroup) -> ExpertLayout:
+    """A collective over the data-parallel group: every rank's expert names, to tell global naming from local.
+
+    Raises:
+        ValueError: Expert names overlap between expert-parallel ranks without being the same set.
+    """
+    mine = {
+        name: (group.index, tuple(routed.param.shape))
+        for group in groups
+        for routed, name in zip(group.params, group.param_names)
+        if is_expert(routed)
+    }
+    members = tuple(dist.get_process_group_ranks(expert))
+    everyone: list[Any] = [None] * dist.get_world_size(data_parallel)
+    dist.all_gather_object(everyone, (members, mine), group=data_parallel)
+    dp_ranks = dist.get_process_group_ranks(data_parallel)
+    peers = tuple(k for k, global_rank in enumerate(dp_ranks) if global_rank in members)
+    others: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for other_members, names in everyone:
+        if other_members != members:
+            others.update(names)
+    if not others or set(others) == set(mine):
+        return ExpertLayout(expert, global_names=False, peers=peers)
+    if set(others) & set(mine):
+        raise ValueError(
+            "expert parallelism: expert param names overlap between expert-parallel ranks without being the same; "
+            f"got [{shorten(sorted(set(others) & set(mine)))}] on several; expected every expert-parallel rank's "
+            "experts under their own (global) names, or the same (local) names on every rank"
+        )
+    return ExpertLayout(expert, global_names=True, elsewhere=others, peers=peers)

@@ -19,7 +19,13 @@ from optzoo._common import shorten
 from optzoo.wrapper.param_map import ParamMap, Part
 from optzoo.wrapper.scalers import MegatronGradScaler
 
-__all__ = ["STATE_DICT_FORMAT", "load_state_dict_", "slice_part", "state_dict_of"]
+KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+"""Group keys that choose how torch computes a step, not what: this process's choice (for its
+device and its params) stands, whatever the saving process chose. Restoring another process's
+``fused`` would change the rounding (torch's fused CPU Adam rounds differently from foreach) or
+ask for a kernel this device lacks."""
+
+__all__ = ["KERNEL_KEYS", "STATE_DICT_FORMAT", "load_state_dict_", "slice_part", "state_dict_of"]
 
 STATE_DICT_FORMAT = "optzoo.chained.v1"
 
@@ -168,7 +174,7 @@ def load_state_dict_(
 
     for group, saved in matched:
         for key, value in saved.items():
-            if key not in ("params", "param_names"):
+            if key not in ("params", "param_names", *KERNEL_KEYS):
                 group[key] = copy.deepcopy(value)
     state.clear()
     state.update(new_state)

@@ -1002,3 +1002,24 @@ def test_lint_on_a_hugging_face_model_with_a_rule_that_sends_every_matrix_to_muo
         "exclude=ParamKey(role=('embedding', 'output'))",
         "1 finding",
     ]
+
+
+def test_expert_world_size_plans_the_experts_over_their_own_group(capsys: pytest.CaptureFixture[str]) -> None:
+    """A Qwen2-MoE's expert stacks get their own plan over 2 expert data-parallel ranks; everything
+    else is planned over the 4 data-parallel ranks (as get_optimizer(expert_process_group=...))."""
+    pytest.importorskip("transformers")
+    document = dump_json(capsys, "--model", "hf:Qwen2MoeConfig", "--config", "muon-llm", "--world-size", "4", "--expert-world-size", "2")
+    experts = {name for name in document["owners"] if ".mlp.experts." in name}
+    assert experts and document["expert_world_size"] == 2 and len(document["expert_ranks"]) == 2
+    assert {piece["rank"] for name in experts for piece in document["owners"][name]} == {0, 1}
+    dense_ranks = {piece["rank"] for name, pieces in document["owners"].items() if name not in experts for piece in pieces}
+    assert dense_ranks == {0, 1, 2, 3}
+    assert sum(r["share"] for r in document["expert_ranks"]) == pytest.approx(1.0)
+    assert sum(r["share"] for r in document["ranks"]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("argv", "got"), [(["--world-size", "4", "--expert-world-size", "3"], "got 3 with --world-size 4"),
+                                           (["--expert-world-size", "2"], "got 2 with --world-size None")])  # fmt: skip
+def test_expert_world_size_must_divide_the_world_size(capsys: pytest.CaptureFixture[str], argv: list[str], got: str) -> None:
+    assert main(["dump-param-groups", "--model", "gpt", *argv]) == 2
+    assert re.search(r"optzoo: error: `--expert-world-size`: must divide --world-size .*; " + re.escape(got), capsys.readouterr().err)

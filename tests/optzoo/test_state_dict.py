@@ -165,3 +165,18 @@ def test_tied_parameter_loads_under_either_name(tied_gpt: torch.nn.Module) -> No
     fresh_opt.load_state_dict(state)
     weight = fresh_opt.param_groups[1]["params"][0]
     torch.testing.assert_close(fresh_opt.state[weight]["exp_avg"], opt.state[tied_gpt.embedding.word_embeddings.weight]["exp_avg"])
+
+
+def test_the_kernel_choice_is_this_processs_not_the_checkpoints() -> None:
+    """A checkpoint saved where Adam ran ``foreach`` (another device, or a distributed rank that
+    owned none of a group's params) resumes on ``fused`` here, and exactly: the kernel is chosen
+    per process, and fused CPU Adam rounds differently from foreach."""
+    model = tiny_gpt()
+    opt = get_optimizer(CONFIG, model)
+    assert {g["fused"] for g in opt.param_groups if g["optimizer"] == "adam"} == {True}
+    saved = copy.deepcopy(opt.state_dict())
+    for group in saved["param_groups"]:
+        group.update(fused=None, foreach=True)
+    opt.load_state_dict(saved)
+    assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(True, None)] * len(opt.param_groups)
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in saved["param_groups"]]
