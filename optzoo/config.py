@@ -9,6 +9,7 @@ why, instead of being silently ignored (see ``docs/megatron.md``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -61,7 +62,16 @@ GROUP_FIELDS: tuple[str, ...] = (
 _FP32 = torch.float32
 
 
+class _Shown(str):
+    """A value already written out (``min_lr=1.0, lr=0.1``): shown as is, not quoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _fail(field: str, problem: str, value: Any, expected: str) -> ValueError:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        value = _Shown(f"an int of {len(str(abs(value)))} digits")  # 10**400 would fill the screen
     return invalid(f"OptimizerConfig.{field}", problem, repr(value), expected)
 
 
@@ -268,6 +278,8 @@ class OptimizerConfig:
                 raise _wrong_type(f.name, value, described)
             if not isinstance(value, accepted):
                 raise _wrong_type(f.name, value, described)
+            if float in accepted and value is not None and not _finite(value):
+                raise _fail(f.name, "must be finite", value, f"a finite number{' or None' if type(None) in accepted else ''}")
 
     def _check_names(self) -> None:
         names = registered_names()
@@ -300,10 +312,16 @@ class OptimizerConfig:
             value = getattr(self, field)
             if value is not None and not value >= 0.0:
                 raise _fail(field, "must be non-negative", value, "a float >= 0 or None")
-        for field in ("weight_decay", "clip_grad", "adam_eps", "adaptive_muon_eps"):
+        for field in ("weight_decay", "clip_grad", "adaptive_muon_eps"):
             value = getattr(self, field)
             if not value >= 0.0:
                 raise _fail(field, "must be non-negative", value, "a float >= 0")
+        if not self.adam_eps > 0.0:  # 0 turns a zero gradient element into 0/0
+            raise _fail("adam_eps", "must be positive", self.adam_eps, "a float > 0")
+        for low, high in (("min_lr", "lr"), ("decoupled_min_lr", "decoupled_lr")):
+            floor, peak = getattr(self, low), getattr(self, high)
+            if floor is not None and peak is not None and floor > peak:  # the schedule would anneal up
+                raise _fail(low, f"must not exceed {high}", _Shown(f"{low}={floor!r}, {high}={peak!r}"), f"{low} <= {high}")
         for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -315,13 +333,21 @@ class OptimizerConfig:
             )
         if not self.muon_extra_scale_factor > 0.0:
             raise _fail("muon_extra_scale_factor", "must be positive", self.muon_extra_scale_factor, "a float > 0")
-        for field in ("initial_loss_scale", "min_loss_scale"):
-            if not getattr(self, field) > 0.0:
-                raise _fail(field, "must be positive", getattr(self, field), "a float > 0")
-        if self.loss_scale is not None and not self.loss_scale > 0.0:
-            raise _fail("loss_scale", "must be positive", self.loss_scale, "a float > 0 or None")
-        if not self.loss_scale_window >= 1:
-            raise _fail("loss_scale_window", "must be at least 1", self.loss_scale_window, "a number >= 1")
+        for field in ("initial_loss_scale", "min_loss_scale", "loss_scale"):
+            value = getattr(self, field)
+            if value is not None and not FP32_NORMAL_MIN <= value <= FP32_MAX:
+                raise _fail(
+                    field, "must lie in float32's finite normal range", value,
+                    f"a float in [{FP32_NORMAL_MIN:.4g}, {FP32_MAX:.4g}]" + (" or None" if field == "loss_scale" else ""),
+                )  # fmt: skip
+        if self.min_loss_scale > self.initial_loss_scale:
+            raise _fail(
+                "min_loss_scale", "must not exceed initial_loss_scale",
+                _Shown(f"min_loss_scale={self.min_loss_scale!r}, initial_loss_scale={self.initial_loss_scale!r}"),
+                "min_loss_scale <= initial_loss_scale",
+            )  # fmt: skip
+        if not (self.loss_scale_window >= 1 and float(self.loss_scale_window).is_integer()):
+            raise _fail("loss_scale_window", "must be a whole number of steps, at least 1", self.loss_scale_window, "an integer >= 1")
 
     def _check_precision(self) -> None:
         if self.fp16 and self.bf16:
@@ -381,6 +407,19 @@ class OptimizerConfig:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(base, f.name)
         }
+
+
+FP32_NORMAL_MIN = float(torch.finfo(torch.float32).tiny)
+FP32_MAX = float(torch.finfo(torch.float32).max)
+"""Loss scales must lie in float32's finite normal range: 0 or inf scales give NaN or skip every step."""
+
+
+def _finite(value: int | float) -> bool:
+    """Whether a number is finite as a float (``10**400`` is an int no float can hold)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 _PRECISION_AWARE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {

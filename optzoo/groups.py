@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -310,17 +311,29 @@ def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str
             f"`OptimizerConfig.lr`: required to build an optimizer; got None for {subject}; "
             "expected a float >= 0 (set config.lr, or max_lr in an override)"
         )
+    for name in ("max_lr", "lr", "min_lr", "wd_mult", "start_wd", "end_wd"):
+        if name not in override or (override[name] is None and name not in ("wd_mult", "max_lr")):
+            continue
+        value = override[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or not value >= 0:
+            shown = f"an int of {len(str(abs(value)))} digits" if isinstance(value, int) and not _finite(value) else repr(value)
+            raise ValueError(f"`{subject}`: `{name}` must be a finite float >= 0; got {shown}; expected e.g. 0.0")
     wd_mult = float(override.get("wd_mult", 1.0))
-    for name in ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd"):
-        value = override.get(name)
-        if value is not None and not (isinstance(value, (int, float)) and value >= 0):
-            raise ValueError(f"`{subject}`: `{name}` must be a float >= 0; got {value!r}; expected e.g. 0.0")
+    min_lr = override.get("min_lr", group_config.min_lr)
+    if min_lr is not None and min_lr > lr:  # the schedule would anneal the lr up to min_lr
+        raise ValueError(f"`{subject}`: `min_lr` must not exceed the group's lr; got min_lr={min_lr!r}, lr={lr!r}; expected min_lr <= lr")
+    start_wd, end_wd = override.get("start_wd"), override.get("end_wd")
+    if start_wd is not None and end_wd is not None and start_wd > end_wd:
+        raise ValueError(
+            f"`{subject}`: `start_wd` must not exceed `end_wd` (as Megatron-Core's scheduler asserts); "
+            f"got start_wd={start_wd!r}, end_wd={end_wd!r}; expected start_wd <= end_wd"
+        )
     return ResolvedGroup(
         index=index,
         config=group_config,
         override=override,
         lr=float(lr),
-        min_lr=override.get("min_lr", group_config.min_lr),
+        min_lr=min_lr,
         weight_decay=group_config.weight_decay * wd_mult,
         wd_mult=wd_mult,
         params=params,
@@ -331,6 +344,13 @@ def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str
         auto_routed=part.auto_routed,
         flatten=part.flatten,
     )
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _wd_bound(override: Mapping[str, Any], name: str) -> float | None:

@@ -176,7 +176,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         groups = [dict(group, param_names=list(group["param_names"])) for group in merged["param_groups"]]
         for name, (index, _) in layout.elsewhere.items():
             groups[index]["param_names"].append(name)
-        return {**merged, "param_groups": groups}
+        param_shapes = {**merged["param_shapes"], **{name: list(shape) for name, (_, shape) in layout.elsewhere.items()}}
+        return {**merged, "param_groups": groups, "param_shapes": param_shapes}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """As :meth:`MixedPrecisionOptimizer.load_state_dict`; under expert parallelism with global
@@ -210,6 +211,7 @@ def _without(saved: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
         **saved,
         "state": {n: v for n, v in saved["state"].items() if n not in names},
         "main_params": {n: v for n, v in saved["main_params"].items() if n not in names},
+        "param_shapes": {n: v for n, v in (saved.get("param_shapes") or {}).items() if n not in names},
     }
 
 

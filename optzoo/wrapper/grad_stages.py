@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from optzoo._common import local_shard
 from optzoo.wrapper.param_map import ParamEntry, ParamMap, part_of
@@ -69,6 +70,10 @@ def model_grads_to_main_grads(param_map: ParamMap) -> list[torch.Tensor]:
         main = entry.main
         assert main is not None  # local entries have one
         grad = None if full_grad is None else part_of(full_grad, entry.part)
+        if grad is not None and entry.part is None and not isinstance(grad, DTensor) and grad.stride() != entry.model.stride():
+            # Fused kernels walk param and grad in memory order: a grad laid out otherwise (a
+            # transposed view, a main_grad buffer) would be applied to the wrong elements.
+            grad = torch.empty_like(entry.model, dtype=grad.dtype).copy_(grad)
         if entry.grad_target == "decoupled":
             decoupled = None if grad is None else grad.to(param_map.decoupled_grad_dtype, copy=True)
             setattr(main, "decoupled_grad", decoupled)  # read by the precision-aware Adam
@@ -76,6 +81,10 @@ def model_grads_to_main_grads(param_map: ParamMap) -> list[torch.Tensor]:
                 main_grads.append(decoupled)
                 entry.model.grad = None
         elif grad is None:
+            if main is not entry.model:
+                # No new gradient: the fp32 copy's old one (from an earlier step, or from a skipped
+                # inf/NaN step) must not be stepped again. torch and fp32 skip such a param too.
+                main.grad = None
             continue
         elif entry.grad_target == "shared":
             main.grad = grad  # fp32: in place (main_grad is aliased, as Megatron does)

@@ -56,6 +56,8 @@ def state_dict_of(
         "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
         # fp32 main copies of 16-bit params: the model's bf16/fp16 weights cannot restore them.
         "main_params": {entry.name: mains[entry.name] for entry in param_map.local if not entry.aliased},
+        # Checked at load: state of another shape would be read out of bounds by fused kernels.
+        "param_shapes": {entry.name: list(entry.model.shape) for entry in param_map.entries},
     }
 
 
@@ -104,6 +106,7 @@ def load_state_dict_(
             f"got names only in the checkpoint: [{shorten(unknown)}]; "
             f"expected also: [{shorten(missing)}] (only in this model)"
         )
+    _check_shapes(state_dict, param_map, state)
     group_names = param_map.group_names()
     matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
     for saved in saved_groups:
@@ -183,6 +186,35 @@ def load_state_dict_(
             main.copy_(saved_main)
     if grad_scaler is not None and scaler_state is not None:
         grad_scaler.load_state_dict(scaler_state)
+
+
+def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Mapping[torch.Tensor, Any]) -> None:
+    """Refuse a checkpoint of params with other shapes (say, another hidden size) before anything changes.
+
+    The checkpoint's ``param_shapes`` (absent from checkpoints saved before it was added:
+    their fp32 main params are still checked) must equal the model's; a state tensor must also have the
+    shape of the one this optimizer already holds for it, if any.
+    """
+    for name, shape in (state_dict.get("param_shapes") or {}).items():
+        entry = param_map.entry(name)
+        if entry is not None and tuple(shape) != tuple(entry.model.shape):
+            raise ValueError(
+                f"`{entry.name}`: shape differs from the checkpoint's; got {tuple(shape)} in the checkpoint; "
+                f"expected {tuple(entry.model.shape)} (was the model changed, e.g. its hidden size?)"
+            )
+    for name, values in state_dict["state"].items():
+        entry = param_map.entry(name)
+        current = state.get(entry.main) if entry is not None and entry.main is not None else None
+        if not current or not isinstance(values, Mapping):
+            continue
+        for key, value in values.items():
+            mine = current.get(key)
+            if isinstance(value, torch.Tensor) and isinstance(mine, torch.Tensor) and entry is not None and entry.part is None:
+                if tuple(value.shape) != tuple(mine.shape):
+                    raise ValueError(
+                        f"`{entry.name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; "
+                        f"expected {tuple(mine.shape)}"
+                    )
 
 
 def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:

@@ -98,7 +98,7 @@ def test_group_order_matches_routing_order_even_across_optimizers(gpt: torch.nn.
         ({ParamKey(name="*.bias"): {"optimizer": "adamax"}}, ValueError,
          r"`OptimizerConfig.optimizer`: unknown optimizer; got 'adamax'; expected one of \['adam', 'sgd', 'lion'"),
         ({ParamKey(name="*.bias"): {"lr": 1e-3, "max_lr": 2e-3}}, ValueError, r"`lr` and `max_lr` disagree; got lr=0.001, max_lr=0.002"),
-        ({ParamKey(name="*.bias"): {"wd_mult": -1.0}}, ValueError, r"`wd_mult` must be a float >= 0; got -1.0"),
+        ({ParamKey(name="*.bias"): {"wd_mult": -1.0}}, ValueError, r"`wd_mult` must be a finite float >= 0; got -1.0"),
         ({ParamKey(name="*.bias"): 0.1}, TypeError, r"override must be a dict or an OptimizerConfig; got float"),
         ({ParamKey(name="*.bias"): {"lr": 1e-3}, ParamKey(attr="is_embedding_or_output_parameter"): {"lr": 1e-4},
           ParamKey(name="output_layer.*"): {"lr": 2e-4}}, RoutingConflictError,

@@ -1,0 +1,193 @@
+"""Issue 15's adversarial campaign: each root cause it found, as a test that failed before the fix.
+
+Sections follow the issue's items; each test names its item. Messages are matched by regex.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from optzoo import OptimizerConfig, get_optimizer
+
+
+class TwoBranches(nn.Module):
+    """Branch ``b`` is used only when asked: an unused branch, or an expert no token reached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def loss(self, use_b: bool) -> torch.Tensor:
+        x = torch.randn(3, 4, dtype=self.a.weight.dtype)
+        out = self.a(x) + (self.b(x) if use_b else 0)
+        return out.float().square().mean()
+
+
+def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+# ---- 1. stale main grads under bf16/fp16 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_item1_a_param_without_a_new_gradient_is_not_stepped_again(precision: str) -> None:
+    """transformers.Trainer calls model.zero_grad(), not optimizer.zero_grad(): the fp32 main
+    grads of the earlier step must not be stepped again for a branch with no new gradient."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    model = TwoBranches().to(dtype)
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, **{precision: True}, loss_scale=1.0 if precision == "fp16" else None), model)
+    model.loss(use_b=True).backward()
+    assert optimizer.step()[0]
+    before = _snapshot(model.b)
+    model.zero_grad()  # what the Trainer does
+    model.loss(use_b=False).backward()
+    assert optimizer.step()[0]
+    after = _snapshot(model.b)
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_item1_a_skipped_nan_gradient_never_reaches_the_weights(precision: str) -> None:
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    model = TwoBranches().to(dtype)
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, **{precision: True}, loss_scale=1.0 if precision == "fp16" else None), model)
+    model.loss(use_b=True).backward()
+    assert model.b.weight.grad is not None
+    model.b.weight.grad[0, 0] = float("nan")
+    before = _snapshot(model)
+    assert not optimizer.step()[0]  # skipped
+    assert not optimizer.step()[0] or all(torch.equal(before[n], p) for n, p in model.named_parameters())  # again, no backward
+    model.zero_grad()
+    model.loss(use_b=False).backward()
+    assert optimizer.step()[0]
+    assert torch.equal(before["b.weight"], model.b.weight.detach())
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert not torch.equal(before["a.weight"], model.a.weight.detach())
+
+
+# ---- 2. state of other shapes at load ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer_name", ["adam", "sgd", "lion", "muon", "soap"])
+def test_item2_a_checkpoint_of_another_hidden_size_is_refused_before_anything_changes(optimizer_name: str) -> None:
+    """Same names, other shapes: fused CPU kernels would read the smaller state out of bounds."""
+    config = OptimizerConfig(optimizer=optimizer_name, lr=0.01, sgd_momentum=0.9)
+
+    def build(hidden: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, hidden), nn.Linear(hidden, 8))
+        optimizer = get_optimizer(config, model, lint=False)
+        model(torch.randn(2, 8)).square().mean().backward()
+        optimizer.step()
+        return model, optimizer
+
+    _, small = build(4)
+    model, big = build(16)
+    saved = copy.deepcopy(small.state_dict())
+    before = copy.deepcopy(big.state_dict())
+    with pytest.raises(ValueError, match=r"^`0\.weight`: shape differs from the checkpoint's; got \(4, 8\) in the checkpoint; expected \(16, 8\)"):
+        big.load_state_dict(saved)
+    after = big.state_dict()
+    for name, values in before["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(after["state"][name][key], value), (name, key)
+    saved.pop("param_shapes")  # a checkpoint from before the shapes were saved: the live state's shapes still refuse it
+    with pytest.raises(ValueError, match=r"^`0\.weight`: state `\w+` shape differs; got \(4, 8\) in the checkpoint; expected \(16, 8\)$"):
+        big.load_state_dict(saved)
+
+
+# ---- 4. gradients laid out otherwise than their params ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        OptimizerConfig(optimizer="adam", lr=1e-2),
+        OptimizerConfig(optimizer="sgd", lr=1e-2, sgd_momentum=0.9),
+        OptimizerConfig(optimizer="soap", lr=1e-2),
+        OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, use_precision_aware_optimizer=True),
+    ],
+    ids=["adam", "sgd", "soap", "precision-aware-adam"],
+)
+@pytest.mark.parametrize("source", ["grad", "main_grad"])
+def test_item4_a_transposed_gradient_gives_the_same_update_as_a_contiguous_one(config: OptimizerConfig, source: str) -> None:
+    dtype = torch.bfloat16 if config.bf16 else torch.float32
+
+    def run(transposed: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = nn.Linear(6, 4, bias=False).to(dtype)
+        optimizer = get_optimizer(config, model, lint=False, params_have_main_grad=source == "main_grad")
+        for step in range(3):
+            grad = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+            if transposed:
+                grad = grad.t().contiguous().t()  # the same values, column-major
+            grad = grad.to(torch.float32 if source == "main_grad" else dtype)
+            if source == "main_grad":
+                model.weight.main_grad = grad  # type: ignore[attr-defined]
+            else:
+                model.weight.grad = grad
+            assert optimizer.step()[0]
+        return model.weight.detach().clone()
+
+    assert torch.equal(run(transposed=True), run(transposed=False))
+
+
+# ---- 5, 6, 11, 14, 18: values that are not finite, degenerate, or inconsistent -----------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lr": float("inf")}, r"`OptimizerConfig.lr`: must be finite; got inf; expected a finite number or None$"),
+        ({"weight_decay": float("inf")}, r"`OptimizerConfig.weight_decay`: must be finite; got inf"),
+        ({"decoupled_lr": float("inf")}, r"`OptimizerConfig.decoupled_lr`: must be finite; got inf"),
+        ({"min_lr": float("inf")}, r"`OptimizerConfig.min_lr`: must be finite; got inf"),
+        ({"adam_eps": 0.0}, r"`OptimizerConfig.adam_eps`: must be positive; got 0.0; expected a float > 0$"),
+        ({"bf16": True, "loss_scale": 0.0}, r"`OptimizerConfig.loss_scale`: must lie in float32's finite normal range; got 0.0"),
+        ({"fp16": True, "loss_scale": 1e39}, r"`OptimizerConfig.loss_scale`: must be(?: finite| in)|must lie in float32's finite normal range; got 1e\+39"),
+        ({"fp16": True, "initial_loss_scale": 1e39}, r"`OptimizerConfig.initial_loss_scale`: must lie in float32's finite normal range; got 1e\+39"),
+        ({"min_lr": 1.0, "lr": 0.1}, r"^`OptimizerConfig.min_lr`: must not exceed lr; got min_lr=1.0, lr=0.1; expected min_lr <= lr$"),
+        ({"decoupled_lr": 0.1, "decoupled_min_lr": 1.0}, r"`OptimizerConfig.decoupled_min_lr`: must not exceed decoupled_lr; got decoupled_min_lr=1.0, decoupled_lr=0.1"),
+        ({"lr": 10**400}, r"^`OptimizerConfig.lr`: must be finite; got an int of 401 digits; expected a finite number or None$"),
+        ({"clip_grad": 10**400}, r"`OptimizerConfig.clip_grad`: must be finite; got an int of 401 digits"),
+        ({"initial_loss_scale": 10**400}, r"`OptimizerConfig.initial_loss_scale`: must be finite; got an int of 401 digits"),
+        ({"loss_scale_window": float("inf")}, r"`OptimizerConfig.loss_scale_window`: must be finite; got inf"),
+        ({"loss_scale_window": 1.5}, r"`OptimizerConfig.loss_scale_window`: must be a whole number of steps, at least 1; got 1.5"),
+        ({"min_loss_scale": 2.0**40}, r"^`OptimizerConfig.min_loss_scale`: must not exceed initial_loss_scale; got min_loss_scale=1099511627776.0, initial_loss_scale=4294967296"),
+    ],
+)
+def test_items_5_6_11_18_bad_config_values_name_the_field(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OptimizerConfig(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"max_lr": float("inf")}, r"`max_lr` must be a finite float >= 0; got inf"),
+        ({"lr": float("inf")}, r"`OptimizerConfig.lr`: must be finite; got inf"),
+        ({"wd_mult": float("inf")}, r"`wd_mult` must be a finite float >= 0; got inf"),
+        ({"wd_mult": "abc"}, r"`wd_mult` must be a finite float >= 0; got 'abc'"),
+        ({"wd_mult": None}, r"`wd_mult` must be a finite float >= 0; got None"),
+        ({"wd_mult": [1]}, r"`wd_mult` must be a finite float >= 0; got \[1\]"),
+        ({"wd_mult": True}, r"`wd_mult` must be a finite float >= 0; got True"),
+        ({"min_lr": 1.0}, r"`OptimizerConfig.min_lr`: must not exceed lr; got min_lr=1.0, lr=0.1; expected min_lr <= lr"),
+        ({"max_lr": 0.01, "min_lr": 0.05}, r"`min_lr` must not exceed the group's lr; got min_lr=0.05, lr=0.01; expected min_lr <= lr"),
+        ({"start_wd": 0.2, "end_wd": 0.1}, r"`start_wd` must not exceed `end_wd` .*; got start_wd=0.2, end_wd=0.1"),
+    ],
+)
+def test_items_5_6_14_18_bad_override_values_name_the_rule_and_key(override: dict[str, object], message: str) -> None:
+    from optzoo import ParamKey
+
+    with pytest.raises(ValueError, match=r"^`?param group #0 \(rules #0 name='\*'\)`?: " + message):
+        get_optimizer(OptimizerConfig(lr=0.1), nn.Linear(2, 2), {ParamKey(name="*"): override}, lint=False)
