@@ -278,7 +278,7 @@ class OptimizerConfig:
                 raise _wrong_type(f.name, value, described)
             if not isinstance(value, accepted):
                 raise _wrong_type(f.name, value, described)
-            if float in accepted and value is not None and not _finite(value):
+            if float in accepted and isinstance(value, (int, float)) and not _finite(value):
                 raise _fail(f.name, "must be finite", value, f"a finite number{' or None' if type(None) in accepted else ''}")
 
     def _check_names(self) -> None:
