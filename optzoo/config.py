@@ -25,9 +25,11 @@ from optzoo.optimizers.registry import get_spec, registered_names
 __all__ = [
     "AdamOptimizerConfig",
     "AdaptiveMuonMoment2Method",
-    "MuonFsdpOrthogonalize",
+    "FP32_MAX",
+    "FP32_NORMAL_MIN",
     "GROUP_FIELDS",
     "MuonCoefficientType",
+    "MuonFsdpOrthogonalize",
     "MuonMatmulPrecision",
     "MuonScaleMode",
     "MuonTPMode",

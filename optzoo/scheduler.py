@@ -157,8 +157,39 @@ def wd_at(num_steps: int, *, start_wd: float, end_wd: float, wd_incr_steps: int,
     return start_wd + coeff * (end_wd - start_wd)
 
 
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        raise _fail(name, "must be a finite number", _shown(value), "a finite float")
+
+
+def _check_steps(name: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(name, "must be a whole number of steps", _shown(value), "an int" + (" or None" if optional else ""))
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an int of {len(str(abs(value)))} digits"
+    return f"{value!r} ({type(value).__name__})"
+
+
 def _validate(values: Mapping[str, Any]) -> None:
-    """Megatron-Core's constructor asserts, plus the inputs it would trip over later."""
+    """Megatron-Core's constructor asserts, plus the inputs it would trip over later (wrong types
+    and non-finite values among them, which would otherwise fail in a comparison or anneal to NaN)."""
+    for name in ("init_lr", "max_lr", "min_lr", "start_wd", "end_wd"):
+        _check_number(name, values[name])
+    for name in ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps"):
+        _check_steps(name, values[name])
+    _check_steps("wsd_decay_steps", values.get("wsd_decay_steps"), optional=True)
     init_lr, max_lr, min_lr = values["init_lr"], values["max_lr"], values["min_lr"]
     if not min_lr >= 0.0:
         raise _fail("min_lr", "must be >= 0", repr(min_lr), "a float >= 0")
@@ -363,8 +394,8 @@ class OptimizerParamScheduler:
         Raises:
             ValueError: ``increment < 0``.
         """
-        if increment < 0:
-            raise _fail("step", "increment must be >= 0", repr(increment), "an int >= 0")
+        if isinstance(increment, bool) or not isinstance(increment, int) or increment < 0:
+            raise _fail("step", "increment must be a whole number of steps >= 0", _shown(increment), "an int >= 0")
         self.num_steps += increment
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = self.get_lr(param_group)
@@ -429,7 +460,7 @@ class OptimizerParamScheduler:
                 )
             found.update({key: state_dict[key] for key in _WD_KEYS})
         num_steps = found.pop("num_steps")
-        if not num_steps >= 0:
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or not num_steps >= 0:
             raise ValueError(f"`state_dict`: `num_steps` must be >= 0; got {num_steps!r}; expected an int >= 0")
         settings = {key: self._check_and_set(getattr(self, key), value, key) for key, value in found.items()}
         current = {key: getattr(self, key) for key in ("init_lr", "wsd_decay_steps", "lr_wsd_decay_style", *STATE_KEYS)}

@@ -181,12 +181,19 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             grads = grad_stages.model_grads_to_main_grads(self.param_map)
         with self._timed("optimizer-unscale-and-check-inf"):
             found_inf, norm = grad_stages.find_inf_and_unscale_(grads, self.grad_scaler, self._found_inf, group)
+        clipping = self.options.clip_grad > 0.0 and (grads or group is not None)
+        if not found_inf and clipping and norm is None:
+            with self._timed("optimizer-clip-main-grad"):
+                norm = grad_stages.global_grad_norm(grads, group, device)
+            # Finite gradients whose norm overflows float32 would be clipped by 0 and still step
+            # (moments and step counts advancing): skipped, as without a scaler.
+            found_inf = not bool(torch.isfinite(norm).item())
         if self.grad_scaler is not None:
             self.grad_scaler.update(found_inf)
         if found_inf:
             return False, None, None
         grad_norm: float | None = None
-        if self.options.clip_grad > 0.0 and (grads or group is not None):
+        if clipping:
             with self._timed("optimizer-clip-main-grad"):
                 grad_norm = grad_stages.clip_by_global_norm_(grads, self.options.clip_grad, norm, group, device)
         num_zeros: int | None = None

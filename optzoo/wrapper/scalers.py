@@ -7,11 +7,12 @@ A Megatron checkpoint's ``grad_scaler`` state (``scale``, ``growth_tracker``,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from optzoo.config import OptimizerConfig
+from optzoo.config import FP32_MAX, FP32_NORMAL_MIN, OptimizerConfig
 
 __all__ = ["ConstantGradScaler", "DynamicGradScaler", "MegatronGradScaler", "make_grad_scaler"]
 
@@ -55,6 +56,12 @@ class MegatronGradScaler(ABC):
     @abstractmethod
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
+    def check_state_dict(self, state_dict: Any) -> None:
+        """Raise ``ValueError`` for a state this scaler cannot load, changing nothing (the
+        optimizer's loader checks it before it replaces any param state)."""
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(f"`grad_scaler` state: not a dict; got {type(state_dict).__name__}; expected {type(self).__name__}.state_dict()")
+
 
 class ConstantGradScaler(MegatronGradScaler):
     """A fixed loss scale (Megatron's ``loss_scale``); its state dict is empty.
@@ -73,7 +80,7 @@ class ConstantGradScaler(MegatronGradScaler):
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+        self.check_state_dict(state_dict)
 
 
 class DynamicGradScaler(MegatronGradScaler):
@@ -154,14 +161,30 @@ class DynamicGradScaler(MegatronGradScaler):
             "hysteresis_tracker": self._hysteresis_tracker,
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def check_state_dict(self, state_dict: Any) -> None:
+        super().check_state_dict(state_dict)
         missing = [k for k in ("scale", "growth_tracker", "hysteresis_tracker") if k not in state_dict]
         if missing:
-            raise KeyError(
-                f"`grad_scaler` state: missing keys; got {sorted(state_dict)}; "
-                "expected scale, growth_tracker and hysteresis_tracker"
+            raise ValueError(
+                f"`grad_scaler` state: missing keys {missing}; got {sorted(state_dict)}; "
+                "expected scale, growth_tracker and hysteresis_tracker (a dynamic scaler's state; "
+                "was the checkpoint saved with a constant loss_scale?)"
             )
-        self._scale = state_dict["scale"].to(device=self._scale.device, dtype=torch.float32, copy=True)
+        scale = state_dict["scale"]
+        number = scale.item() if isinstance(scale, torch.Tensor) and scale.numel() == 1 else scale
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not FP32_NORMAL_MIN <= number <= FP32_MAX:
+            raise ValueError(
+                f"`grad_scaler` state: `scale` must lie in float32's finite normal range; got {scale!r}; "
+                f"expected a number in [{FP32_NORMAL_MIN:.4g}, {FP32_MAX:.4g}]"
+            )
+        for key in ("growth_tracker", "hysteresis_tracker"):
+            value = state_dict[key]
+            if isinstance(value, bool) or not isinstance(value, int) or (key == "growth_tracker" and value < 0):
+                raise ValueError(f"`grad_scaler` state: `{key}` must be an int{' >= 0' if key == 'growth_tracker' else ''}; got {value!r}; expected an int")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.check_state_dict(state_dict)
+        self._scale = torch.as_tensor(state_dict["scale"]).to(device=self._scale.device, dtype=torch.float32, copy=True)
         self._growth_tracker = int(state_dict["growth_tracker"])
         self._hysteresis_tracker = int(state_dict["hysteresis_tracker"])
 

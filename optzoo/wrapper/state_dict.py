@@ -174,6 +174,8 @@ def load_state_dict_(
             f"got {scaler_state!r}; expected {'one' if grad_scaler is not None else 'none'} "
             "(was the checkpoint saved with another fp16/bf16/loss_scale setting?)"
         )
+    if grad_scaler is not None:
+        grad_scaler.check_state_dict(scaler_state)  # before anything changes
 
     for group, saved in matched:
         for key, value in saved.items():

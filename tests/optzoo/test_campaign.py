@@ -191,3 +191,110 @@ def test_items_5_6_14_18_bad_override_values_name_the_rule_and_key(override: dic
 
     with pytest.raises(ValueError, match=r"^`?param group #0 \(rules #0 name='\*'\)`?: " + message):
         get_optimizer(OptimizerConfig(lr=0.1), nn.Linear(2, 2), {ParamKey(name="*"): override}, lint=False)
+
+
+# ---- 5 and 16: the scheduler's arguments ------------------------------------------------------
+
+SCHEDULE = {
+    "init_lr": 0.0, "max_lr": 1e-3, "min_lr": 1e-5, "lr_warmup_steps": 2, "lr_decay_steps": 10, "lr_decay_style": "cosine",
+    "start_wd": 0.0, "end_wd": 0.1, "wd_incr_steps": 10, "wd_incr_style": "linear",
+}  # fmt: skip
+
+
+def _scheduler(**changes: object) -> object:
+    from optzoo import OptimizerParamScheduler
+
+    optimizer = get_optimizer(OptimizerConfig(lr=1e-3), nn.Linear(2, 2), lint=False)
+    return OptimizerParamScheduler(optimizer, **{**SCHEDULE, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"max_lr": "1e-3"}, r"`OptimizerParamScheduler.max_lr`: must be a finite number; got '1e-3' \(str\); expected a finite float$"),
+        ({"min_lr": None}, r"`OptimizerParamScheduler.min_lr`: must be a finite number; got None \(NoneType\)"),
+        ({"init_lr": float("nan")}, r"`OptimizerParamScheduler.init_lr`: must be a finite number; got nan \(float\)"),
+        ({"end_wd": float("inf")}, r"`OptimizerParamScheduler.end_wd`: must be a finite number; got inf \(float\)"),
+        ({"start_wd": True}, r"`OptimizerParamScheduler.start_wd`: must be a finite number; got True \(bool\)"),
+        ({"lr_decay_steps": None}, r"`OptimizerParamScheduler.lr_decay_steps`: must be a whole number of steps; got None \(NoneType\); expected an int$"),
+        ({"lr_warmup_steps": 1.5}, r"`OptimizerParamScheduler.lr_warmup_steps`: must be a whole number of steps; got 1.5 \(float\)"),
+        ({"wd_incr_steps": "10"}, r"`OptimizerParamScheduler.wd_incr_steps`: must be a whole number of steps; got '10' \(str\)"),
+        ({"lr_decay_style": "WSD", "wsd_decay_steps": 2.5, "lr_wsd_decay_style": "linear"}, r"`OptimizerParamScheduler.wsd_decay_steps`: must be a whole number of steps; got 2.5"),
+    ],
+)
+def test_items_5_16_scheduler_arguments_of_the_wrong_type_name_the_argument(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _scheduler(**changes)
+
+
+@pytest.mark.parametrize("increment", [float("nan"), 1.5, "1", True, -1])
+def test_items_5_16_18_scheduler_step_takes_whole_steps_only(increment: object) -> None:
+    scheduler = _scheduler()
+    before = scheduler.num_steps  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"^`OptimizerParamScheduler.step`: increment must be a whole number of steps >= 0; got "):
+        scheduler.step(increment)  # type: ignore[attr-defined]
+    assert scheduler.num_steps == before  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("num_steps", [-1, "3", 1.5, None])
+def test_item16_a_scheduler_checkpoint_with_a_bad_step_count_is_refused(num_steps: object) -> None:
+    scheduler = _scheduler()
+    saved = {**scheduler.state_dict(), "num_steps": num_steps}  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"^`state_dict`: `num_steps` must be >= 0; got "):
+        scheduler.load_state_dict(saved)  # type: ignore[attr-defined]
+
+
+# ---- 5 and 9: the grad scaler's state, checked before anything changes ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("scaler_state", "message"),
+    [
+        ({}, r"`grad_scaler` state: missing keys \['growth_tracker', 'hysteresis_tracker', 'scale'\]|missing keys \['scale', 'growth_tracker', 'hysteresis_tracker'\]"),
+        (2.0, r"`grad_scaler` state: not a dict; got float"),
+        ({"scale": float("nan"), "growth_tracker": 0, "hysteresis_tracker": 2}, r"`scale` must lie in float32's finite normal range; got nan"),
+        ({"scale": torch.tensor(-4.0), "growth_tracker": 0, "hysteresis_tracker": 2}, r"`scale` must lie in float32's finite normal range; got tensor\(-4.\)"),
+        ({"scale": torch.tensor(0.0), "growth_tracker": 0, "hysteresis_tracker": 2}, r"`scale` must lie in float32's finite normal range"),
+        ({"scale": 8.0, "growth_tracker": -1, "hysteresis_tracker": 2}, r"`growth_tracker` must be an int >= 0; got -1"),
+    ],
+)
+def test_items_5_9_a_bad_scaler_state_is_refused_and_nothing_changes(scaler_state: object, message: str) -> None:
+    model = TwoBranches().half()
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, fp16=True), model, lint=False)
+    model.loss(use_b=True).backward()
+    optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())
+    for values in saved["state"].values():
+        for key in values:
+            if key == "exp_avg":
+                values[key] = values[key] + 1.0  # differs from the live state
+    saved["grad_scaler"] = scaler_state
+    before = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(ValueError, match=message):
+        optimizer.load_state_dict(saved)
+    after = optimizer.state_dict()
+    for name, values in before["state"].items():
+        for key, value in values.items():
+            assert torch.equal(after["state"][name][key], value), (name, key)
+    assert after["grad_scaler"]["scale"] == before["grad_scaler"]["scale"]
+
+
+# ---- 8. finite gradients whose norm overflows float32 ------------------------------------------
+
+
+@pytest.mark.parametrize("loss_scale", [None, 1.0], ids=["no-scaler", "constant-scale"])
+def test_item8_a_norm_beyond_float32_skips_the_step_with_or_without_a_loss_scale(loss_scale: float | None) -> None:
+    model = TwoBranches().to(torch.bfloat16)
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, bf16=True, loss_scale=loss_scale, clip_grad=1.0), model, lint=False)
+    model.loss(use_b=True).backward()
+    optimizer.step()
+    before = copy.deepcopy(optimizer.state_dict())
+    params = _snapshot(model)
+    for param in model.parameters():
+        param.grad = torch.full_like(param, 3e38)  # each finite in bf16 and fp32; their norm is not
+    assert optimizer.step() == (False, None, None)
+    after = optimizer.state_dict()
+    for name, values in before["state"].items():
+        for key, value in values.items():
+            assert torch.equal(after["state"][name][key], value), (name, key)
+    assert all(torch.equal(params[n], p) for n, p in model.named_parameters())

@@ -370,7 +370,7 @@ def test_a_constant_wd_group_whose_range_differs_names_the_group() -> None:
 
 
 def test_a_negative_increment_is_a_value_error() -> None:
-    message = "`OptimizerParamScheduler.step`: increment must be >= 0; got -1; expected an int >= 0"
+    message = "`OptimizerParamScheduler.step`: increment must be a whole number of steps >= 0; got -1 (int); expected an int >= 0"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         scheduler().step(-1)
 

@@ -64,7 +64,7 @@ def test_a_megatron_checkpoint_state_loads() -> None:
     scaler.load_state_dict(megatron_state)
     assert scaler.scale.item() == 65536.0 and scaler.scale.dtype == torch.float32
     assert _run(scaler, "i") == [32768.0]
-    with pytest.raises(KeyError, match=r"`grad_scaler` state: missing keys; got \['scale'\]; expected scale, growth_tracker and hysteresis_tracker"):
+    with pytest.raises(ValueError, match=r"`grad_scaler` state: missing keys \['growth_tracker', 'hysteresis_tracker'\]; got \['scale'\]; expected scale, growth_tracker and hysteresis_tracker"):
         scaler.load_state_dict({"scale": torch.tensor([1.0])})
 
 
