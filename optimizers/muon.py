@@ -450,7 +450,7 @@ class Muon(CheckedGroupsOptimizer):
         batches: dict[tuple[Any, ...], list[_Block]] = {}
         for group_index, group in enumerate(self.param_groups):
             for param_index, param in enumerate(group["params"]):
-                if param.grad is None:
+                if param.grad is None or param.numel() == 0:  # a (4, 0) weight: nothing to update
                     continue
                 where = describe_param(group, group_index, param_index)
                 if param.grad.is_sparse:

@@ -433,14 +433,21 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         for param, values in restored.items():
             self.state[param].update(values)
 
-    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int, *, fused: bool) -> dict[str, torch.Tensor]:
+    def restore_state(self, saved: dict[str, Any], param: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+        """One param's saved state, checked against this optimizer's master representation and
+        kept in its dtypes (what ``optzoo``'s name-keyed loader calls); raises ``ValueError``."""
+        group = next(g for g in self.param_groups if any(p is param for p in g["params"]))
+        return self._restore(saved, param, name, fused=bool(group["fused"]))
+
+    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int | str, *, fused: bool) -> dict[str, torch.Tensor]:
         master = saved.get("master_param")
         found = _master_kind(master)
         wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
         if found != wanted:
             shown = f"a {master.dtype} copy" if found == "a float copy" and master is not None else found
+            where = f"`{saved_id}`: `master_param`" if isinstance(saved_id, str) else f"`state_dict['state'][{saved_id}]['master_param']`"
             raise ValueError(
-                f"`state_dict['state'][{saved_id}]['master_param']`: saved master differs from this optimizer's "
+                f"{where}: saved master differs from this optimizer's "
                 f"(master_weights={self.master_weights}, store_param_remainders={self.store_param_remainders}); "
                 f"got {shown}; expected {wanted}"
             )

@@ -258,6 +258,8 @@ def _place_matrix(param: torch.Tensor, roles: frozenset[str], fields: Mapping[st
     conv = "conv" in roles and ndim > 2
     if ndim < 2 or (ndim > 2 and not (n_d and (conv or "expert" in roles))):
         return "cannot"
+    if param.numel() == 0:  # a (4, 0) weight: no matrix to orthogonalise or precondition
+        return "cannot"
     take: Placement = "take_flattened" if conv else "take"
     use_muon = getattr(param, "use_muon", None)
     if explicit or use_muon is True:

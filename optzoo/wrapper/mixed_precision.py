@@ -232,8 +232,9 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         naming both sides, and the optimizer is left as it was.
         """
         load_state_dict_(
-            state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
-        )
+            state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
+            optimizers=self.optimizers,
+        )  # fmt: skip
 
 
 class FP32Optimizer(MixedPrecisionOptimizer):

@@ -10,7 +10,7 @@ name. :func:`load_state_dict_` checks everything before it changes anything.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -75,8 +75,13 @@ def load_state_dict_(
     state: MutableMapping[torch.Tensor, Any],
     param_map: ParamMap,
     grad_scaler: MegatronGradScaler | None,
+    optimizers: Sequence[torch.optim.Optimizer] = (),
 ) -> None:
     """Restore hyperparameters, state, fp32 main params and the loss scale, matching params by name.
+
+    A param's state goes through its inner optimizer's ``restore_state(values, param, name)``
+    where it has one (the precision-aware Adam: its masters and moments are checked against its
+    settings and kept in its dtypes).
 
     Every param takes its own element range of the saved whole-param tensors, so one loader
     serves one process and every rank of the distributed optimizers (which pass the consolidated
@@ -129,6 +134,7 @@ def load_state_dict_(
             )
         matched.append((group, saved))
 
+    owners = {id(p): opt for opt in optimizers for g in opt.param_groups for p in g["params"]}
     new_state: dict[torch.Tensor, dict[str, Any]] = {}
     for name, values in state_dict["state"].items():
         entry = param_map.entry(name)
@@ -140,9 +146,18 @@ def load_state_dict_(
             continue  # another rank steps it
         group = param_groups[entry.group]
         numel = entry.model.numel()
-        new_state[entry.main] = {
-            key: _load_value(entry.main, key, slice_part(value, entry.part, numel), group) for key, value in values.items()
-        }
+        sliced = {key: slice_part(value, entry.part, numel) for key, value in values.items()}
+        restore = getattr(owners.get(id(entry.main)), "restore_state", None)
+        if restore is not None:  # typed state (precision-aware Adam): its dtypes, checked against its settings
+            new_state[entry.main] = restore(sliced, entry.main, entry.name)
+            continue
+        if "master_param" in sliced:
+            raise ValueError(
+                f"`{entry.name}`: the checkpoint holds a precision-aware master (`master_param`) that this "
+                f"{group.get('optimizer', 'optimizer')!r} group does not keep; got a state saved with "
+                "use_precision_aware_optimizer=True; expected the same precision settings as when it was saved"
+            )
+        new_state[entry.main] = {key: _load_value(entry.main, key, value, group) for key, value in sliced.items()}
 
     # A distributed load (DCP) may carry only this rank's main params: each must be there, and
     # none may be for a param that has no fp32 copy here.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 
 import pytest
 import torch
@@ -298,3 +299,70 @@ def test_item8_a_norm_beyond_float32_skips_the_step_with_or_without_a_loss_scale
         for key, value in values.items():
             assert torch.equal(after["state"][name][key], value), (name, key)
     assert all(torch.equal(params[n], p) for n, p in model.named_parameters())
+
+
+# ---- 3. precision settings at load -------------------------------------------------------------
+
+
+def _precision_aware(**changes: object) -> tuple[nn.Module, object]:
+    model = TwoBranches().to(torch.bfloat16)
+    config = OptimizerConfig(lr=0.01, bf16=True, use_precision_aware_optimizer=True, **changes)  # type: ignore[arg-type]
+    optimizer = get_optimizer(config, model, lint=False)
+    model.loss(use_b=True).backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_item3_int16_remainders_are_refused_by_an_optimizer_that_keeps_no_remainders() -> None:
+    _, saved_by = _precision_aware(store_param_remainders=True)
+    _, loading = _precision_aware(store_param_remainders=False)
+    before = copy.deepcopy(loading.state_dict())  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"^`a\.weight`: `master_param`: saved master differs from this optimizer's \(master_weights=\w+, store_param_remainders=False\); got int16 remainders; expected "):
+        loading.load_state_dict(saved_by.state_dict())  # type: ignore[attr-defined]
+    after = loading.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(after["state"][n][k], v) for n, vs in before["state"].items() for k, v in vs.items())
+
+
+def test_item3_a_precision_aware_checkpoint_is_refused_by_a_plain_optimizer() -> None:
+    _, saved_by = _precision_aware(store_param_remainders=True)
+    model = TwoBranches().to(torch.bfloat16)
+    plain = get_optimizer(OptimizerConfig(lr=0.01, bf16=True), model, lint=False)
+    with pytest.raises(ValueError, match=r"^`a\.weight`: the checkpoint holds a precision-aware master \(`master_param`\) that this 'adam' group does not keep"):
+        plain.load_state_dict(saved_by.state_dict())  # type: ignore[attr-defined]
+
+
+def test_item3_moment_dtypes_after_a_resume_are_the_configs() -> None:
+    _, saved_by = _precision_aware(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16)
+    model, loading = _precision_aware()  # fp32 moments
+    loading.load_state_dict(saved_by.state_dict())  # type: ignore[attr-defined]
+    state = loading.state_dict()["state"]["a.weight"]  # type: ignore[attr-defined]
+    assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+
+
+# ---- 12. zero-size matrices --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer_name", ["muon", "adaptive_muon", "soap"])
+def test_item12_a_zero_size_matrix_goes_to_the_scalar_optimizer(optimizer_name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's init warns about a zero-element tensor
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(0, 4))  # the second weight is (4, 0)
+    optimizer = get_optimizer(OptimizerConfig(optimizer=optimizer_name, lr=0.01), model, lint=False)
+    group = next(g for g in optimizer.param_groups if "1.weight" in g["param_names"])
+    assert group["optimizer"] == "adam"
+    model[0](torch.randn(2, 4)).square().sum().backward()
+    model[1].weight.grad = torch.zeros(4, 0)
+    assert optimizer.step()[0]
+
+
+@pytest.mark.parametrize("cls", ["Muon", "AdaptiveMuon"])
+def test_item12_muon_built_directly_skips_a_zero_size_matrix(cls: str) -> None:
+    import optzoo.optimizers as optimizers
+
+    module = optimizers.muon if cls == "Muon" else optimizers.adaptive_muon  # type: ignore[attr-defined]
+    empty, full = nn.Parameter(torch.zeros(4, 0)), nn.Parameter(torch.randn(4, 4))
+    optimizer = getattr(module, cls)([empty, full], lr=0.1)
+    empty.grad, full.grad = torch.zeros(4, 0), torch.randn(4, 4)
+    before = full.detach().clone()
+    optimizer.step()
+    assert empty.shape == (4, 0) and not torch.equal(before, full.detach())
