@@ -19,6 +19,7 @@ from optzoo.distributed.plan import Mode, ShardingPlan, plan_shards
 from optzoo.distributed.setup import (
     ExpertLayout,
     check_same_model,
+    check_same_settings,
     data_parallel_group,
     distributed_flag,
     expert_data_parallel_group,
@@ -110,13 +111,15 @@ def get_optimizer(
     groups, routing = resolve_group_configs(config, chunks, config_overrides, strict=strict)
     if lint:
         warn_findings(lint_routing(groups, routing))
-    check_param_dtypes(config, groups)
     group = data_parallel_group(config, groups, process_group=process_group, pg_collection=pg_collection)
     expert_group = expert_data_parallel_group(
         groups, expert_process_group=expert_process_group, pg_collection=pg_collection, data_parallel=group,
         flag=distributed_flag(config),
     )  # fmt: skip
     plans = _sharding_plans(config, groups, group, expert_group)
+    if plans is None and group is not None:  # FSDP2: the params are the ranks' own shards; compare settings
+        check_same_settings(groups, group)
+    check_param_dtypes(config, groups)  # after the exchange: a rank raising before it would leave the others waiting
     owned = None
     if plans is not None:
         assert group is not None  # a plan is made over a group

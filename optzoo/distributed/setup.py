@@ -27,6 +27,7 @@ from optzoo.routing import RoutedParam
 __all__ = [
     "ExpertLayout",
     "check_same_model",
+    "check_same_settings",
     "data_parallel_group",
     "distributed_flag",
     "expert_data_parallel_group",
@@ -35,6 +36,7 @@ __all__ = [
     "fsdp_process_group",
     "preserve_param_attributes",
     "resolve_process_group",
+    "resolved_settings",
 ]
 
 
@@ -93,13 +95,16 @@ def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.Proces
         for routed, name in zip(group.params, group.param_names)
         if experts is None or is_expert(routed) == experts
     ]
-    digest = hashlib.sha256(repr(described).encode()).hexdigest()
+    settings = resolved_settings(groups)
+    digest = hashlib.sha256(repr((described, settings)).encode()).hexdigest()
     everyone: list[Any] = [None] * dist.get_world_size(process_group)
-    dist.all_gather_object(everyone, (digest, described), group=process_group)
+    dist.all_gather_object(everyone, (digest, described, settings), group=process_group)
     mine = dist.get_rank(process_group)
-    for rank, (other_digest, other) in enumerate(everyone):
+    for rank, (other_digest, other, other_settings) in enumerate(everyone):
         if other_digest == digest:
             continue
+        if other == described:
+            _raise_different_settings(settings, other_settings, rank, mine)
         ours, theirs = set(described), set(other)
         raise ValueError(
             f"distributed optimizer: rank {rank} resolved different parameters than rank {mine}; "
@@ -107,6 +112,42 @@ def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.Proces
             f"expected also: [{shorten([repr(d) for d in sorted(ours - theirs)])}] (only on rank {mine}); "
             "every rank must build the same model and routing"
         )
+
+
+def resolved_settings(groups: Sequence[ResolvedGroup]) -> dict[str, str]:
+    """Every group's effective hyperparameters and resolved config fields (precision flags, clip,
+    loss scale, ...), as comparable strings; ``timers`` (an object) is left out."""
+    settings: dict[str, str] = {}
+    for group in groups:
+        summary = group.summary()
+        for key in ("optimizer", "lr", "min_lr", "weight_decay", "wd_mult", "override", "flatten"):
+            settings[f"param group #{group.index} {key}"] = repr(summary.get(key))
+        for key, value in summary["config"].items():
+            if key != "timers":
+                settings[f"param group #{group.index} {key}"] = repr(value)
+    return settings
+
+
+def _raise_different_settings(ours: dict[str, str], theirs: dict[str, str], rank: int, mine: int) -> None:
+    differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
+    shown = "; ".join(f"{key} = {theirs.get(key)} on rank {rank}, {ours.get(key)} on rank {mine}" for key in differing[:5])
+    raise ValueError(
+        f"distributed optimizer: rank {rank} resolved other settings than rank {mine}; got {shown}"
+        f"{f' (+{len(differing) - 5} more)' if len(differing) > 5 else ''}; expected the same config, "
+        "precision flags and overrides on every rank (one step would mix them, or a collective would abort)"
+    )
+
+
+def check_same_settings(groups: Sequence[ResolvedGroup], process_group: dist.ProcessGroup) -> None:
+    """Fail fast, on every rank, when ranks resolved other settings (FSDP2, where each rank holds
+    its own shards of the same params: only the settings are compared)."""
+    settings = resolved_settings(groups)
+    everyone: list[Any] = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(everyone, settings, group=process_group)
+    mine = dist.get_rank(process_group)
+    for rank, other in enumerate(everyone):
+        if other != settings:
+            _raise_different_settings(settings, other, rank, mine)
 
 
 def fsdp_process_group(groups: Sequence[ResolvedGroup]) -> dist.ProcessGroup | None:
