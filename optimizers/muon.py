@@ -670,6 +670,16 @@ class Muon(CheckedGroupsOptimizer):
 
     # ---- state dict ---------------------------------------------------------------------------
 
+    def restore_state(self, saved: Mapping[str, Any], param: torch.Tensor, name: str) -> dict[str, Any]:
+        """One param's saved state for ``optzoo``'s name-keyed loader: floating tensors in the
+        param's compute dtype (float32 for 16-bit params), on its device."""
+        dtype = compute_dtype(param)
+        return {
+            key: value.to(device=param.device, dtype=dtype if value.is_floating_point() else value.dtype, copy=True)
+            if isinstance(value, torch.Tensor) else value
+            for key, value in saved.items()
+        }  # fmt: skip
+
     @override
     def load_state_dict(self, state_dict: StateDict) -> None:
         """torch's ``load_state_dict``, keeping the float32 state of 16-bit params in float32.

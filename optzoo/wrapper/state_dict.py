@@ -10,6 +10,7 @@ name. :func:`load_state_dict_` checks everything before it changes anything.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -95,6 +96,8 @@ def load_state_dict_(
             f"`state_dict`: not an optzoo optimizer state dict; got format {got!r}; "
             f"expected {STATE_DICT_FORMAT!r} (from get_optimizer(...).state_dict())"
         )
+
+    _check_structure(state_dict)
 
     def canonical(name: str) -> str | None:
         entry = param_map.entry(name)
@@ -205,6 +208,41 @@ def load_state_dict_(
         grad_scaler.load_state_dict(scaler_state)
 
 
+def _damaged(where: str, got: str, expected: str) -> ValueError:
+    return ValueError(f"`state_dict`: damaged at {where}; got {got}; expected {expected}")
+
+
+def _check_structure(state_dict: Mapping[str, Any]) -> None:
+    """The format's structure and values, before anything is read: a damaged checkpoint gets a
+    ``ValueError`` naming the key (not a ``KeyError`` deep inside), and NaN moments, a negative
+    ``step`` or a non-finite hyperparameter are refused rather than loaded into NaN weights."""
+    for key, kind in (("state", Mapping), ("param_groups", list), ("main_params", (Mapping, type(None)))):
+        if key not in state_dict or not isinstance(state_dict[key], kind):
+            got = f"no `{key}`" if key not in state_dict else type(state_dict[key]).__name__
+            raise _damaged(f"`{key}`", got, f"`{key}` as optzoo's state_dict() writes it")
+    for index, group in enumerate(state_dict["param_groups"]):
+        names = group.get("param_names") if isinstance(group, Mapping) else None
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise _damaged(f"`param_groups[{index}]['param_names']`", repr(names)[:80], "a non-empty list of parameter names")
+        for key, value in group.items():
+            numbers = value if isinstance(value, (tuple, list)) and key != "param_names" else [value]
+            for number in numbers:
+                if isinstance(number, float) and not math.isfinite(number):
+                    raise _damaged(f"`param_groups[{index}]['{key}']` ({names[0]}, ...)", repr(value), "finite hyperparameters")
+        if isinstance(group.get("lr"), (int, float)) and group["lr"] < 0:
+            raise _damaged(f"`param_groups[{index}]['lr']` ({names[0]}, ...)", repr(group["lr"]), "lr >= 0")
+    for name, values in state_dict["state"].items():
+        if not isinstance(values, Mapping):
+            raise _damaged(f"`state[{name!r}]`", type(values).__name__, "a dict of state tensors")
+        for key, value in values.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key == "step" and value.numel() == 1 and not float(value) >= 0:
+                raise _damaged(f"`state[{name!r}]['step']`", repr(float(value)), "a step count >= 0")
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise _damaged(f"`state[{name!r}][{key!r}]`", "NaN or inf values", "finite state (was it saved after a diverged step?)")
+
+
 def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Mapping[torch.Tensor, Any]) -> None:
     """Refuse a checkpoint of params with other shapes (say, another hidden size) before anything changes.
 
@@ -242,6 +280,9 @@ def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, A
         if group.get("fused") or group.get("capturable"):
             return value.to(dtype=torch.float32, device=param.device, copy=True)
         return value.clone()
-    # Kept in its saved dtype: precision-aware state (bf16 moments, int16 remainders) differs
-    # from the parameter's dtype on purpose.
-    return value.to(device=param.device, copy=True)
+    # Floating state takes the param's dtype, as torch.optim.Optimizer.load_state_dict casts it (an
+    # fp32 checkpoint resumed on a model cast to bf16). Typed state (precision-aware Adam's bf16
+    # moments and int16 remainders, Muon's fp32 momentum of 16-bit params) goes through the inner
+    # optimizer's restore_state instead.
+    dtype = param.dtype if value.is_floating_point() and param.is_floating_point() else value.dtype
+    return value.to(device=param.device, dtype=dtype, copy=True)

@@ -366,3 +366,69 @@ def test_item12_muon_built_directly_skips_a_zero_size_matrix(cls: str) -> None:
     before = full.detach().clone()
     optimizer.step()
     assert empty.shape == (4, 0) and not torch.equal(before, full.detach())
+
+
+# ---- 10. an fp32 checkpoint resumed on a model cast to bf16 ------------------------------------
+
+
+def test_item10_an_fp32_checkpoint_resumes_on_a_bf16_model_cast_as_torch_casts() -> None:
+    model = TwoBranches()
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, lint=False)
+    model.loss(use_b=True).backward()
+    optimizer.step()
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    resumed = get_optimizer(OptimizerConfig(lr=0.1), half, lint=False)
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert resumed.state_dict()["state"]["a.weight"]["exp_avg"].dtype == torch.bfloat16
+    half.loss(use_b=True).backward()
+    assert resumed.step()[0]
+
+
+# ---- 15. damaged state dicts -------------------------------------------------------------------
+
+
+def _damage(change: str) -> tuple[object, dict[str, object]]:
+    model = TwoBranches()
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, lint=False)
+    model.loss(use_b=True).backward()
+    optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())
+    if change == "no state":
+        del saved["state"]
+    elif change == "state is a list":
+        saved["state"] = []
+    elif change == "group without names":
+        del saved["param_groups"][0]["param_names"]
+    elif change == "values not a dict":
+        saved["state"]["a.weight"] = 3
+    elif change == "nan moment":
+        saved["state"]["a.weight"]["exp_avg"][0, 0] = float("nan")
+    elif change == "negative step":
+        saved["state"]["a.weight"]["step"] = torch.tensor(-1.0)
+    elif change == "nan lr":
+        saved["param_groups"][0]["lr"] = float("nan")
+    elif change == "inf beta":
+        saved["param_groups"][0]["betas"] = (0.9, float("inf"))
+    return optimizer, saved
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("no state", r"damaged at `state`; got no `state`"),
+        ("state is a list", r"damaged at `state`; got list"),
+        ("group without names", r"damaged at `param_groups\[0\]\['param_names'\]`; got None"),
+        ("values not a dict", r"damaged at `state\['a.weight'\]`; got int"),
+        ("nan moment", r"damaged at `state\['a.weight'\]\['exp_avg'\]`; got NaN or inf values"),
+        ("negative step", r"damaged at `state\['a.weight'\]\['step'\]`; got -1.0; expected a step count >= 0"),
+        ("nan lr", r"damaged at `param_groups\[0\]\['lr'\]` \(a.weight, ...\); got nan; expected finite hyperparameters"),
+        ("inf beta", r"damaged at `param_groups\[0\]\['betas'\]` \(a.weight, ...\); got \(0.9, inf\)"),
+    ],
+)
+def test_item15_a_damaged_state_dict_is_a_value_error_naming_the_key(change: str, message: str) -> None:
+    optimizer, saved = _damage(change)
+    before = copy.deepcopy(optimizer.state_dict())  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"^`state_dict`: " + message):
+        optimizer.load_state_dict(saved)  # type: ignore[attr-defined]
+    after = optimizer.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(after["state"][n][k], v) for n, vs in before["state"].items() for k, v in vs.items())
