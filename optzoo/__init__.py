@@ -23,7 +23,7 @@ from optzoo.routing import (
     resolve_param_groups,
     unregister_predicate,
 )
-from optzoo.scheduler import OptimizerParamScheduler
+from optzoo.scheduler import OptimizerParamScheduler, get_canonical_lr_for_logging
 from optzoo.wrapper import (
     ConstantGradScaler,
     DynamicGradScaler,
@@ -55,6 +55,7 @@ __all__ = [
     "RoutingLintWarning",
     "SGDOptimizerConfig",
     "dump_recipe",
+    "get_canonical_lr_for_logging",
     "get_mup_config_overrides",
     "get_optimizer",
     "get_predicate",

@@ -127,6 +127,9 @@ class ResolvedGroup:
     flatten: bool = False
     """Its N-D params are each one matrix, first dim by the rest (conv filters for the Muon
     family: the torch group's ``flatten``), not stacks of matrices (expert stacks)."""
+    default_config: bool = False
+    """No override applies and nothing moved it: the group steps with the base config
+    (Megatron-Core's ``default_config`` group key, read by :func:`get_canonical_lr_for_logging`)."""
 
     @property
     def optimizer(self) -> str:
@@ -151,6 +154,7 @@ class ResolvedGroup:
             "max_lr": self.lr,
             "min_lr": self.min_lr,
             "wd_mult": self.wd_mult,
+            "default_config": self.default_config,
         }
         if self.flatten:
             group["flatten"] = True
@@ -234,7 +238,8 @@ def resolve_group_configs(
         except ValueError as error:
             raise ValueError(f"{subject}: {error}") from None
         for part in _hand_off_to_fallback(group_config, group.params, override, routing, len(chunks)):
-            resolved.append(_resolve_one(len(resolved), part, override, subject, len(chunks)))
+            one = _resolve_one(len(resolved), part, override, subject, len(chunks))
+            resolved.append(dataclasses.replace(one, default_config=not override and part.config == config))
     return resolved, routing
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import torch
@@ -34,6 +34,7 @@ __all__ = [
     "STATE_KEYS",
     "WdIncrStyle",
     "WsdDecayStyle",
+    "get_canonical_lr_for_logging",
     "lr_at",
     "wd_at",
 ]
@@ -155,6 +156,25 @@ def wd_at(num_steps: int, *, start_wd: float, end_wd: float, wd_incr_steps: int,
     else:
         raise _fail("wd_incr_style", "unknown weight-decay increment style", repr(wd_incr_style), f"one of {list(get_args(WdIncrStyle))}")
     return start_wd + coeff * (end_wd - start_wd)
+
+
+def get_canonical_lr_for_logging(param_groups: Sequence[Mapping[str, Any]]) -> float | None:
+    """The lr of the first group with ``default_config=True`` (stepping with the base config), or
+    ``None`` when there is none: the one lr to log, as Megatron-Core's helper of the same name.
+
+    Groups on a rank that holds none of their params still carry the lr the scheduler set.
+
+    Example:
+        >>> get_canonical_lr_for_logging([{"lr": 0.1, "default_config": False}, {"lr": 0.3, "default_config": True}])
+        0.3
+        >>> get_canonical_lr_for_logging([{"lr": 0.1}]) is None
+        True
+    """
+    for group in param_groups:
+        if group.get("default_config", False):
+            lr: float | None = group.get("lr")
+            return lr
+    return None
 
 
 def _check_number(name: str, value: Any) -> None:

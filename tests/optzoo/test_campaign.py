@@ -432,3 +432,25 @@ def test_item15_a_damaged_state_dict_is_a_value_error_naming_the_key(change: str
         optimizer.load_state_dict(saved)  # type: ignore[attr-defined]
     after = optimizer.state_dict()  # type: ignore[attr-defined]
     assert all(torch.equal(after["state"][n][k], v) for n, vs in before["state"].items() for k, v in vs.items())
+
+
+# ---- what a new user trips over: the canonical lr for logging -----------------------------------
+
+
+def test_the_canonical_lr_is_the_first_default_config_groups_as_the_scheduler_sets_it() -> None:
+    """Megatron-LM's scheduler tests log get_canonical_lr_for_logging(param_groups): the lr of the
+    first group stepping with the base config (no override, not moved to a fallback)."""
+    from optzoo import OptimizerParamScheduler, ParamKey, get_canonical_lr_for_logging
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    overrides = {ParamKey(name="1.*"): {"max_lr": 0.5}}
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, overrides, lint=False)
+    assert [(g["param_names"], g["default_config"]) for g in optimizer.param_groups] == [
+        (["0.weight", "0.bias"], True), (["1.weight", "1.bias"], False),
+    ]  # fmt: skip
+    scheduler = OptimizerParamScheduler(optimizer, **{**SCHEDULE, "max_lr": 0.1})  # type: ignore[arg-type]
+    scheduler.step(5)
+    assert get_canonical_lr_for_logging(optimizer.param_groups) == optimizer.param_groups[0]["lr"] != optimizer.param_groups[1]["lr"]
+    standard = get_optimizer(OptimizerConfig(lr=0.1, optimizer="muon"), model, lint=False)  # standard overrides, Muon's fallback
+    assert [g["default_config"] for g in standard.param_groups] == [g["optimizer"] == "muon" and g["wd_mult"] == 1.0 for g in standard.param_groups]
+    assert get_canonical_lr_for_logging([{"lr": 0.1}]) is None
