@@ -227,6 +227,20 @@ register(
     )
 )
 
+def _build_lion(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    # Lion's update is sign(·): undefined for complex numbers (torch's adam and sgd step them).
+    for group_index, group in enumerate(groups):
+        names = group.get("param_names")
+        for param_index, param in enumerate(group["params"]):
+            if param.is_complex():
+                where = f"`{names[param_index]}`" if names else f"param group #{group_index}, param #{param_index}"
+                raise ValueError(
+                    f"{where}: lion takes real params (its update is a sign); got a {param.dtype} param; "
+                    "expected a real floating dtype: route it to adam or sgd"
+                )
+    return _emerging.lion(groups)
+
+
 register(
     OptimizerSpec(
         name="lion",
@@ -239,7 +253,7 @@ register(
         config_fields=("lion_beta1", "lion_beta2"),
         instance_fields=(),
         group_options=lambda c: {"betas": (c["lion_beta1"], c["lion_beta2"])},
-        build=lambda groups, _: _emerging.lion(groups),
+        build=_build_lion,
         scalar_fallback=True,
     )
 )

@@ -45,6 +45,12 @@ def _model_grad(entry: ParamEntry, param_map: ParamMap) -> torch.Tensor | None:
                 f"`{entry.name}`: params_have_main_grad=True but the parameter has no main_grad; "
                 "got None; expected a main_grad buffer on every trainable parameter"
             )
+        if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(entry.model.shape) or not grad.is_floating_point():
+            got = f"{type(grad).__name__}" if not isinstance(grad, torch.Tensor) else f"shape {tuple(grad.shape)}, {grad.dtype}"
+            raise ValueError(
+                f"`{entry.name}`: main_grad does not fit the parameter; got {got}; "
+                f"expected a floating tensor of shape {tuple(entry.model.shape)}"
+            )
     else:
         grad = entry.model.grad
     if grad is not None and grad.is_sparse:

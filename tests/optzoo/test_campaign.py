@@ -454,3 +454,34 @@ def test_the_canonical_lr_is_the_first_default_config_groups_as_the_scheduler_se
     standard = get_optimizer(OptimizerConfig(lr=0.1, optimizer="muon"), model, lint=False)  # standard overrides, Muon's fallback
     assert [g["default_config"] for g in standard.param_groups] == [g["optimizer"] == "muon" and g["wd_mult"] == 1.0 for g in standard.param_groups]
     assert get_canonical_lr_for_logging([{"lr": 0.1}]) is None
+
+
+# ---- 17 and 18: main_grad buffers, complex params, float64 under fp16 ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("main_grad", "got"),
+    [(torch.zeros(3, 4), r"shape \(3, 4\), torch.float32"), (torch.zeros(4, 4, dtype=torch.int32), r"shape \(4, 4\), torch.int32"), ("grad", "str")],
+)
+def test_item17_a_main_grad_that_does_not_fit_is_named_and_nothing_changes(main_grad: object, got: str) -> None:
+    model = nn.Linear(4, 4)
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, params_have_main_grad=True, lint=False)
+    model.weight.main_grad = main_grad  # type: ignore[attr-defined]
+    model.bias.main_grad = torch.zeros(4)  # type: ignore[attr-defined]
+    before = _snapshot(model)
+    with pytest.raises(ValueError, match=r"^`weight`: main_grad does not fit the parameter; got " + got + r"; expected a floating tensor of shape \(4, 4\)$"):
+        optimizer.step()
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_item17_lion_refuses_complex_params_by_name() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "Complex modules are a new feature"
+        model = nn.Linear(2, 2).to(torch.complex64)
+    with pytest.raises(ValueError, match=r"^`weight`: lion takes real params \(its update is a sign\); got a torch.complex64 param"):
+        get_optimizer(OptimizerConfig(optimizer="lion", lr=0.1), model, config_overrides={}, lint=False)
+
+
+def test_item18_fp16_refuses_float64_params() -> None:
+    with pytest.raises(ValueError, match=r"^`weight`: parameter dtype does not match the config; got torch.float64 with fp16=True; expected torch.float16 or torch.float32$"):
+        get_optimizer(OptimizerConfig(lr=0.1, fp16=True), nn.Linear(2, 2).double(), lint=False)
