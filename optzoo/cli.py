@@ -33,7 +33,8 @@ from optzoo.reporting import (
     param_group_map,
     rank_rows,
 )
-from optzoo.routing import Routing
+from optzoo.routing import Routing, named_trainable_parameters
+from optzoo.wrapper.param_map import check_param_dtypes
 
 __all__ = ["LINT_EXIT_STATUS", "build_parser", "main"]
 
@@ -89,11 +90,14 @@ def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGr
         config, overrides = OptimizerConfig(lr=DEFAULT_LR), None
     model = build_model(args.model)
     chunks = model if isinstance(model, list) else [model]
+    if not named_trainable_parameters(chunks):
+        raise ValueError(f"`--model`: no trainable parameters; got {args.model!r}; expected a model with at least one")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         groups, routing = resolve_group_configs(config, chunks, overrides, strict=args.strict)
     for warning in caught:
         print(f"optzoo: warning: {warning.message}", file=sys.stderr)
+    check_param_dtypes(config, groups)  # what get_optimizer would refuse, refused here too
     return config, groups, routing
 
 
@@ -114,8 +118,9 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
-    if args.world_size is not None and args.world_size < 1:
-        raise ValueError(f"`--world-size`: must be at least 1; got {args.world_size}; expected an integer >= 1")
+    if args.world_size is not None and not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        shown = args.world_size if abs(args.world_size) < 10**12 else f"an int of {len(str(abs(args.world_size)))} digits"
+        raise ValueError(f"`--world-size`: out of range; got {shown}; expected an integer in [1, {MAX_WORLD_SIZE}]")
     if args.distributed_mode is not None and args.world_size is None:
         raise ValueError(
             f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "
@@ -249,10 +254,21 @@ def build_parser() -> argparse.ArgumentParser:
     lint.set_defaults(run=_cmd_lint)
 
     demo = commands.add_parser("demo", help="train the built-in GPT on the standard library's source")
-    demo.add_argument("--steps", type=int, default=120)
+    demo.add_argument("--steps", type=_positive_int, default=120)
     demo.set_defaults(run=_cmd_demo)
 
     return parser
+
+
+MAX_WORLD_SIZE = 1 << 20
+"""The largest ``--world-size`` planned (a plan holds a list per rank)."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.run(args)
         return status
-    except (ValueError, TypeError, KeyError, ImportError, FileNotFoundError, tomllib.TOMLDecodeError) as error:
+    except (ValueError, TypeError, KeyError, ImportError, OSError, tomllib.TOMLDecodeError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if isinstance(error, ImportError) and not message.startswith("`"):
             message = f"`--model`: cannot import; got {message}"

@@ -333,7 +333,11 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
         ImportError: A YAML file without PyYAML installed.
     """
     path = Path(path)
-    if not path.is_file():
+    try:
+        exists = path.is_file()
+    except OSError as error:  # a name too long for the file system, ...
+        raise ValueError(f"`--config`: cannot be read; got {str(path)[:80]!r}: {error.strerror or error}; expected a readable file") from None
+    if not exists:
         name = str(path)
         if name in shipped_recipes():
             return load_recipe(name)
@@ -346,7 +350,7 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
     if path.suffix == ".py":
         try:
             namespace = runpy.run_path(str(path))
-        except Exception as error:  # user code: report it in one line, whatever it raised
+        except (Exception, SystemExit) as error:  # user code: report it in one line, whatever it raised
             raise ValueError(
                 f"`--config`: running the file failed; got {str(path)!r} raising {type(error).__name__}: "
                 f"{error}; expected it to define config (and optionally config_overrides)"
@@ -359,4 +363,10 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
             )
         overrides = namespace.get("config_overrides")
         return config, None if overrides is None else dict(overrides)
-    return parse_recipe(path.read_text(), "yaml" if path.suffix in _YAML_SUFFIXES else "toml", where=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"`--config`: not UTF-8 text; got {str(path)!r} ({error.reason} at byte {error.start}); expected a text file") from None
+    except OSError as error:
+        raise ValueError(f"`--config`: cannot be read; got {str(path)!r}: {error.strerror or error}; expected a readable file") from None
+    return parse_recipe(text, "yaml" if path.suffix in _YAML_SUFFIXES else "toml", where=str(path))

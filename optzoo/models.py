@@ -186,7 +186,15 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
             raise ValueError(f"`--model`: malformed spec; got {spec!r}; expected package.module:callable")
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            raise
+        except (Exception, SystemExit) as error:  # user code (a SyntaxError, a raise, sys.exit): one line
+            raise ValueError(
+                f"`--model`: importing {module_name!r} failed; got {type(error).__name__}: {error}; "
+                "expected a module that imports cleanly"
+            ) from error
         try:
             factory = getattr(module, attr)
         except AttributeError:
@@ -207,7 +215,7 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
     try:
         with torch.device(device):
             model = factory()
-    except Exception as error:  # user code: report it in one line, whatever it raised
+    except (Exception, SystemExit) as error:  # user code: report it in one line, whatever it raised
         raise ValueError(
             f"`--model`: building the model failed; got {spec!r} raising {type(error).__name__}: {error}; "
             "expected it to return a module or a list of modules"

@@ -899,7 +899,7 @@ def test_world_size_with_explain_puts_the_owner_after_the_matched_rules(capsys: 
 @pytest.mark.parametrize("world", ["0", "-2"])
 def test_world_size_below_one_is_an_error(capsys: pytest.CaptureFixture[str], world: str) -> None:
     line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--world-size", world)
-    assert line == f"optzoo: error: `--world-size`: must be at least 1; got {world}; expected an integer >= 1"
+    assert line == f"optzoo: error: `--world-size`: out of range; got {world}; expected an integer in [1, 1048576]"
 
 
 def test_distributed_mode_without_world_size_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1023,3 +1023,53 @@ def test_expert_world_size_plans_the_experts_over_their_own_group(capsys: pytest
 def test_expert_world_size_must_divide_the_world_size(capsys: pytest.CaptureFixture[str], argv: list[str], got: str) -> None:
     assert main(["dump-param-groups", "--model", "gpt", *argv]) == 2
     assert re.search(r"optzoo: error: `--expert-world-size`: must divide --world-size .*; " + re.escape(got), capsys.readouterr().err)
+
+
+
+# ---- issue 15, item 13: one error line, exit 2 ---------------------------------------------------
+
+
+def _module(tmp_path: Path, name: str, source: str) -> str:
+    (tmp_path / f"{name}.py").write_text(source)
+    return name
+
+
+@pytest.mark.parametrize(
+    ("source", "got"),
+    [
+        ("raise RuntimeError('boom')\n", r"RuntimeError: boom"),
+        ("def broken(:\n", r"SyntaxError: "),
+        ("import sys\nsys.exit(3)\n", r"SystemExit: 3"),
+    ],
+    ids=["raises", "syntax-error", "sys-exit"],
+)
+def test_item13_a_model_module_that_fails_at_import_is_one_error_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, got: str
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = _module(tmp_path, f"bad_model_{abs(hash(source))}", source)
+    line = run_error(capsys, "dump-param-groups", "--model", f"{name}:build")
+    assert re.fullmatch(rf"optzoo: error: `--model`: importing '{name}' failed; got {got}.*; expected a module that imports cleanly", line)
+
+
+def test_item13_a_model_without_trainable_params_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = _module(tmp_path, "frozen_model", "import torch\ndef build():\n    return torch.nn.Linear(2, 2).requires_grad_(False)\n")
+    line = run_error(capsys, "dump-param-groups", "--model", f"{name}:build")
+    assert line == f"optzoo: error: `--model`: no trainable parameters; got '{name}:build'; expected a model with at least one"
+
+
+def test_item13_config_paths_that_cannot_be_read_are_one_error_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", "x" * 5000 + ".toml")
+    assert re.fullmatch(r"optzoo: error: `--config`: cannot be read; got 'x{80}': File name too long; expected a readable file", line)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("lr = 1e-3 # caf\xe9\n".encode("latin-1"))
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", str(latin))
+    assert re.fullmatch(rf"optzoo: error: `--config`: not UTF-8 text; got {re.escape(repr(str(latin)))} \(invalid .*\); expected a text file", line)
+
+
+def test_item13_a_huge_world_size_and_negative_demo_steps_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--world-size", str(10**30))
+    assert line == "optzoo: error: `--world-size`: out of range; got an int of 31 digits; expected an integer in [1, 1048576]"
+    line = run_usage_error(capsys, "demo", "--steps", "-1")
+    assert line == "optzoo: error: argument --steps: must be at least 1; got -1 (see `optzoo demo --help`)"
