@@ -10,6 +10,7 @@ import fnmatch
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -67,6 +68,25 @@ class ParamWithNamePredicate:
 
     def __call__(self, param: torch.Tensor, name: str) -> bool:
         return bool(self.fn(param, name))
+
+
+def _ask(predicate: ParamPredicate | ParamWithNamePredicate, param_name: str, *args: Any) -> bool:
+    """A predicate's answer for one param, or a ``ValueError`` naming the rule and the param
+    (a predicate that raises, has the wrong arity, or answers with something not a bool)."""
+    try:
+        answer = predicate.fn(*args)
+    except Exception as error:  # user code: whatever it raised, name the rule and the param
+        raise ValueError(
+            f"predicate {predicate.name!r} ({type(predicate).__name__}): failed on `{param_name}`; "
+            f"got {type(error).__name__}: {error}; expected True or False for every parameter"
+        ) from error
+    if isinstance(answer, torch.Tensor):  # ambiguous for several elements, and unreadable on meta
+        raise ValueError(
+            f"predicate {predicate.name!r} ({type(predicate).__name__}): answered a Tensor on `{param_name}`; "
+            f"got a tensor of shape {tuple(answer.shape)}; expected a bool (test shapes or attributes, "
+            "not values: routing also runs on the meta device)"
+        )
+    return bool(answer)  # truthiness, as Megatron-Core's `if predicate.fn(param)`
 
 
 def _as_tuple[T](value: T | tuple[T, ...]) -> tuple[T, ...]:
@@ -194,10 +214,10 @@ class ParamKey:
             if getattr(param, attr, False):
                 return True
         for predicate in self._predicates:  # type: ignore[attr-defined]
-            if predicate(param):
+            if _ask(predicate, param_name, param):
                 return True
         for name_predicate in self._name_predicates:  # type: ignore[attr-defined]
-            if name_predicate(param, param_name):
+            if _ask(name_predicate, param_name, param, param_name):
                 return True
         wanted: frozenset[str] = self._roles  # type: ignore[attr-defined]
         if wanted:

@@ -93,6 +93,15 @@ class Routing:
         return rows
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two rules agree: numbers by value (``0`` and ``0.0`` agree; a bool is not a
+    number here), everything else as :func:`_freeze` sees it."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b or (a != a and b != b)  # NaN agrees with NaN
+    return _freeze(a) == _freeze(b)
+
+
 def _freeze(value: Any) -> Hashable:
     """A hashable stand-in for an override value, so equal overrides land in one group.
 
@@ -154,7 +163,7 @@ def _merge(
     setter: dict[str, int] = {}
     for index in matched:
         for field_name, value in items[index][1].items():
-            if field_name in merged and _freeze(merged[field_name]) != _freeze(value):
+            if field_name in merged and not _same_value(merged[field_name], value):
                 first = setter[field_name]
                 raise RoutingConflictError(
                     f"`{name}`: conflicting values for field `{field_name}` from rule "

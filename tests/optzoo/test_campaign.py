@@ -485,3 +485,33 @@ def test_item17_lion_refuses_complex_params_by_name() -> None:
 def test_item18_fp16_refuses_float64_params() -> None:
     with pytest.raises(ValueError, match=r"^`weight`: parameter dtype does not match the config; got torch.float64 with fp16=True; expected torch.float16 or torch.float32$"):
         get_optimizer(OptimizerConfig(lr=0.1, fp16=True), nn.Linear(2, 2).double(), lint=False)
+
+
+# ---- 14. routing errors that name the rule, the param and the field ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (lambda: __import__("optzoo").ParamKey(predicate=__import__("optzoo").ParamPredicate(name="boom", fn=lambda p: 1 / 0)),
+         r"predicate 'boom' \(ParamPredicate\): failed on `weight`; got ZeroDivisionError: division by zero; expected True or False for every parameter"),
+        (lambda: __import__("optzoo").ParamKey(predicate=__import__("optzoo").ParamPredicate(name="tensor", fn=lambda p: p > 0)),
+         r"predicate 'tensor' \(ParamPredicate\): answered a Tensor on `weight`; got a tensor of shape \(2, 2\); expected a bool"),
+        (lambda: __import__("optzoo").ParamKey(predicate=__import__("optzoo").ParamPredicate(name="arity", fn=lambda p, n: True)),
+         r"predicate 'arity' \(ParamPredicate\): failed on `weight`; got TypeError: .*missing 1 required positional argument"),
+        (lambda: __import__("optzoo").ParamKey(with_name_predicate=__import__("optzoo").ParamWithNamePredicate(name="named", fn=lambda p: True)),
+         r"predicate 'named' \(ParamWithNamePredicate\): failed on `weight`; got TypeError: "),
+    ],
+    ids=["raises", "tensor", "arity", "name-arity"],
+)
+def test_item14_a_predicate_that_fails_names_itself_and_the_param(key: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        get_optimizer(OptimizerConfig(lr=0.1), nn.Linear(2, 2), {key(): {"wd_mult": 0.0}}, lint=False)  # type: ignore[operator]
+
+
+def test_item14_0_and_0_0_from_two_rules_do_not_conflict() -> None:
+    from optzoo import ParamKey
+
+    overrides = {ParamKey(name="bias"): {"wd_mult": 0}, ParamKey(name="b*"): {"wd_mult": 0.0}}
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, weight_decay=0.1), nn.Linear(2, 2), overrides, lint=False)
+    assert {g["weight_decay"] for g in optimizer.param_groups if "bias" in g["param_names"]} == {0.0}
