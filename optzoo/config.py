@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -265,6 +266,7 @@ class OptimizerConfig:
         self._check_names()
         self._check_ranges()
         self._check_precision()
+        self._check_paths()
         self._check_unsupported()
 
     def _check_types(self) -> None:
@@ -350,6 +352,11 @@ class OptimizerConfig:
             )  # fmt: skip
         if not (self.loss_scale_window >= 1 and float(self.loss_scale_window).is_integer()):
             raise _fail("loss_scale_window", "must be a whole number of steps, at least 1", self.loss_scale_window, "an integer >= 1")
+
+    def _check_paths(self) -> None:
+        directory = self.config_logger_dir
+        if directory and os.path.exists(directory) and not os.path.isdir(directory):
+            raise _fail("config_logger_dir", "exists and is not a directory", directory, "a directory path (created if missing), or ''")
 
     def _check_precision(self) -> None:
         if self.fp16 and self.bf16:

@@ -151,8 +151,15 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if timers is None:
             yield
             return
-        timer = timers(name, log_level=1)
-        timer.start(barrier=self.options.barrier_with_L1_time)
+        try:
+            timer = timers(name, log_level=1)
+            timer.start(barrier=self.options.barrier_with_L1_time)
+        except (TypeError, AttributeError) as error:  # before any stage has changed anything
+            raise ValueError(
+                f"`OptimizerConfig.timers`: not Megatron-style timers; got {type(timers).__name__} failing with "
+                f"{type(error).__name__}: {error}; expected timers(name, log_level=1) returning an object with "
+                "start(barrier=...) and stop()"
+            ) from error
         try:
             yield
         finally:

@@ -515,3 +515,26 @@ def test_item14_0_and_0_0_from_two_rules_do_not_conflict() -> None:
     overrides = {ParamKey(name="bias"): {"wd_mult": 0}, ParamKey(name="b*"): {"wd_mult": 0.0}}
     optimizer = get_optimizer(OptimizerConfig(lr=0.1, weight_decay=0.1), nn.Linear(2, 2), overrides, lint=False)
     assert {g["weight_decay"] for g in optimizer.param_groups if "bias" in g["param_names"]} == {0.0}
+
+
+# ---- 11. values that failed later with no field named -------------------------------------------
+
+
+def test_item11_a_config_logger_dir_that_is_a_file_is_named(tmp_path: object) -> None:
+    import pathlib
+
+    file = pathlib.Path(str(tmp_path)) / "not-a-dir"
+    file.write_text("")
+    with pytest.raises(ValueError, match=r"^`OptimizerConfig.config_logger_dir`: exists and is not a directory; got '.*not-a-dir'"):
+        OptimizerConfig(lr=0.1, config_logger_dir=str(file))
+
+
+@pytest.mark.parametrize("timers", [lambda: None, lambda name, log_level: None], ids=["wrong-arity", "no-timer-object"])
+def test_item11_wrong_timers_are_named_before_anything_changes(timers: object) -> None:
+    model = nn.Linear(2, 2)
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, timers=timers), model, lint=False)  # type: ignore[arg-type]
+    model(torch.randn(3, 2)).sum().backward()
+    before = _snapshot(model)
+    with pytest.raises(ValueError, match=r"^`OptimizerConfig.timers`: not Megatron-style timers; got function failing with (TypeError|AttributeError): "):
+        optimizer.step()
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
