@@ -53,11 +53,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(rows, indent=2))
         return 0
-    table = [
-        (r["name"], r["source"], r["shapes"], "\n".join(f"{k}={v}" for k, v in r["fields"].items()), r["description"])
-        for r in rows
-    ]
-    print(tabulate(table, headers=OPTIMIZER_HEADERS, tablefmt="simple_grid"))
+    # Fits a 100-column terminal; --fields adds the config fields, one per line (120 columns).
+    if args.fields:
+        table = [
+            (r["name"], r["source"], r["shapes"], "\n".join(f"{k}={v}" for k, v in r["fields"].items()), r["description"])
+            for r in rows
+        ]
+        print(tabulate(table, headers=OPTIMIZER_HEADERS, tablefmt="simple_grid", maxcolwidths=[13, 19, 16, 36, 20]))
+    else:
+        table = [(r["name"], r["source"], r["shapes"], r["description"]) for r in rows]
+        headers = [h for h in OPTIMIZER_HEADERS if h != "config fields (defaults)"]
+        print(tabulate(table, headers=headers, tablefmt="simple_grid", maxcolwidths=[13, 19, 20, 34]))
     return 0
 
 
@@ -218,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="the registered optimizers and the config fields they read")
     listing.add_argument("--format", choices=["table", "json"], default="table")
+    listing.add_argument("--fields", action="store_true", help="also show the config fields each optimizer reads, with defaults")
     listing.set_defaults(run=_cmd_list)
 
     dump = commands.add_parser("dump-param-groups", help="show how a model's parameters are grouped")

@@ -128,8 +128,19 @@ def write_file(tmp_path: Path, name: str, text: str) -> str:
 # ---- list ----------------------------------------------------------------------------------
 
 
-def test_list_table_shows_each_optimizer_with_source_and_fields(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_fits_a_100_column_terminal_and_fields_come_on_demand(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15: `optzoo list` was 230 columns wide. Now 100 at most, 120 with --fields."""
     out = run_ok(capsys, "list")
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "config fields (defaults)" not in out and "adam_beta1" not in out
+    assert re.search(r"^\W*lion\s+\W\s+emerging-optimizers\s", out, re.MULTILINE), out
+    wide = run_ok(capsys, "list", "--fields")
+    assert max(len(line) for line in wide.splitlines()) <= 120
+    assert "use_precision_aware_optimizer=False" in wide
+
+
+def test_list_table_shows_each_optimizer_with_source_and_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "list", "--fields")
     for header in ("name", "source", "shapes", "config fields (defaults)", "description"):
         assert header in out
     rows = {
