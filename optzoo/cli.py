@@ -61,9 +61,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         ]
         print(tabulate(table, headers=OPTIMIZER_HEADERS, tablefmt="simple_grid", maxcolwidths=[13, 19, 16, 36, 20]))
     else:
-        table = [(r["name"], r["source"], r["shapes"], r["description"]) for r in rows]
+        narrow = [(r["name"], r["source"], r["shapes"], r["description"]) for r in rows]
         headers = [h for h in OPTIMIZER_HEADERS if h != "config fields (defaults)"]
-        print(tabulate(table, headers=headers, tablefmt="simple_grid", maxcolwidths=[13, 19, 20, 34]))
+        print(tabulate(narrow, headers=headers, tablefmt="simple_grid", maxcolwidths=[13, 19, 20, 34]))
     return 0
 
 

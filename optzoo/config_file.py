@@ -362,6 +362,11 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
                 "expected config = OptimizerConfig(...)"
             )
         overrides = namespace.get("config_overrides")
+        if overrides is not None and not isinstance(overrides, Mapping):
+            raise ValueError(
+                f"`{path}`: `config_overrides` must be a dict of ParamKey -> override; got {type(overrides).__name__}; "
+                "expected config_overrides = {ParamKey(...): {...}}, or leave it out"
+            )
         return config, None if overrides is None else dict(overrides)
     try:
         text = path.read_text(encoding="utf-8")

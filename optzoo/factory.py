@@ -135,7 +135,15 @@ def get_optimizer(
 
 
 def _trainable_chunks(model_chunks: Sequence[torch.nn.Module] | torch.nn.Module) -> list[torch.nn.Module]:
-    chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
+    if isinstance(model_chunks, torch.nn.Module):
+        chunks = [model_chunks]
+    elif isinstance(model_chunks, (list, tuple)) and model_chunks and all(isinstance(c, torch.nn.Module) for c in model_chunks):
+        chunks = list(model_chunks)
+    else:
+        got = type(model_chunks).__name__ if not isinstance(model_chunks, (list, tuple)) else (
+            f"a {type(model_chunks).__name__} of {[type(c).__name__ for c in model_chunks][:5]}"
+        )  # fmt: skip
+        raise ValueError(f"`model_chunks`: not a module or a list of modules; got {got}; expected an nn.Module or a non-empty list of them")
     if not named_trainable_parameters(chunks):
         raise ValueError(
             "`model_chunks`: no trainable parameters; got "

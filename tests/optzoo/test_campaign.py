@@ -538,3 +538,20 @@ def test_item11_wrong_timers_are_named_before_anything_changes(timers: object) -
     with pytest.raises(ValueError, match=r"^`OptimizerConfig.timers`: not Megatron-style timers; got function failing with (TypeError|AttributeError): "):
         optimizer.step()
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize(("chunks", "got"), [(None, "NoneType"), ([], r"a list of \[\]"), ([nn.Linear(2, 2), "x"], r"a list of \['Linear', 'str'\]")])
+def test_item14_model_chunks_that_are_not_modules_are_named(chunks: object, got: str) -> None:
+    with pytest.raises(ValueError, match=r"^`model_chunks`: not a module or a list of modules; got " + got):
+        get_optimizer(OptimizerConfig(lr=0.1), chunks)  # type: ignore[arg-type]
+
+
+def test_item14_a_py_config_whose_overrides_are_a_list_is_named(tmp_path: object) -> None:
+    import pathlib
+
+    from optzoo.config_file import load_config_file
+
+    path = pathlib.Path(str(tmp_path)) / "bad.py"
+    path.write_text("from optzoo import OptimizerConfig\nconfig = OptimizerConfig(lr=0.1)\nconfig_overrides = [1, 2]\n")
+    with pytest.raises(ValueError, match=r"bad.py`: `config_overrides` must be a dict of ParamKey -> override; got list"):
+        load_config_file(path)
