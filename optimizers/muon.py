@@ -549,29 +549,28 @@ class Muon(CheckedGroupsOptimizer):
         per process group; returns the params it stepped (the rest take the plain path)."""
         if self.fsdp_orthogonalize == "redundant":
             return set()
+        groups: dict[torch.Tensor, dist.ProcessGroup | None] = {}  # per param: its mesh's group, if owner-computed
         by_group: dict[dist.ProcessGroup, list[_Block]] = {}
         for block in blocks:
-            param = block.param
-            if isinstance(param, DTensor) and param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),):
-                group = param.device_mesh.get_group()
-                world_size = dist.get_world_size(group)
-                held = dim0_chunks(param.shape, world_size)[dist.get_rank(group)]
-                if world_size > 1 and held[1] - held[0] == param.to_local().numel():  # the layout planned for
-                    by_group.setdefault(group, []).append(block)
+            if block.param not in groups:
+                groups[block.param] = _owner_computed_group(block.param)
+            group = groups[block.param]
+            if group is not None:
+                by_group.setdefault(group, []).append(block)
         stepped: set[torch.Tensor] = set()
         for group, group_blocks in by_group.items():
-            units, blocks_of = self._owner_units(group_blocks, dist.get_world_size(group))
-            loads = [0.0] * dist.get_world_size(group)
-            for unit, cost in units:
-                loads[unit.owner] += cost
+            units, blocks_of, loads = self._owner_units(group_blocks, dist.get_world_size(group))
             if self.fsdp_orthogonalize == "auto" and max(loads) > OWNER_COMPUTES_MAX_SHARE * sum(loads):
                 continue
-            self._owner_step(group, [unit for unit, _ in units], blocks_of)
+            self._owner_step(group, units, blocks_of)
             stepped.update(block.param for block in group_blocks)
         return stepped
 
-    def _owner_units(self, blocks: Sequence[_Block], world_size: int) -> tuple[list[tuple[Unit, float]], dict[Unit, list[_Block]]]:
-        """One :class:`~optzoo.optimizers.owner_compute.Unit` per matrix (with its Newton–Schulz cost), owners assigned."""
+    def _owner_units(
+        self, blocks: Sequence[_Block], world_size: int
+    ) -> tuple[list[Unit], dict[Unit, list[_Block]], list[float]]:
+        """One :class:`~optzoo.optimizers.owner_compute.Unit` per matrix, owners assigned; its
+        blocks; and each rank's Newton–Schulz load."""
         matrices: dict[tuple[torch.Tensor, int], list[_Block]] = {}
         for block in blocks:
             matrices.setdefault((block.param, block.index), []).append(block)
@@ -580,14 +579,14 @@ class Muon(CheckedGroupsOptimizer):
             _, rows, cols = its_blocks[0].layout
             cost = sum(_ns_cost(block) for block in its_blocks)
             described.append(((index * rows * cols, (index + 1) * rows * cols), dim0_chunks(param.shape, world_size), cost))
-        owners, _ = assign_owners(described, world_size)
-        units: list[tuple[Unit, float]] = []
+        owners, loads = assign_owners(described, world_size)
+        units: list[Unit] = []
         blocks_of: dict[Unit, list[_Block]] = {}
-        for (key, its_blocks), (span, holders, cost), owner in zip(matrices.items(), described, owners):
+        for (key, its_blocks), (span, holders, _), owner in zip(matrices.items(), described, owners):
             unit = Unit(key, span[0], span[1], tuple(holders), owner)
-            units.append((unit, cost))
+            units.append(unit)
             blocks_of[unit] = its_blocks
-        return units, blocks_of
+        return units, blocks_of, loads
 
     def _owner_step(self, group: dist.ProcessGroup, units: Sequence[Unit], blocks_of: dict[Unit, list[_Block]]) -> None:
         """Prepare every param on its shard, then per bucket of same-shape matrices: to the owners,
@@ -605,7 +604,7 @@ class Muon(CheckedGroupsOptimizer):
             first = blocks_of[unit][0]
             buckets.setdefault((compute_dtype(first.param), *first.layout[1:]), []).append(unit)
         shards: dict[torch.Tensor, torch.Tensor] = {}  # per param: this rank's flat piece of the result
-        wholes: dict[torch.Tensor, torch.Tensor] = {}  # per param needing it whole: the whole result
+        wholes: dict[torch.Tensor, tuple[torch.Tensor, bool]] = {}  # per param needing it whole: the result, transposed?
         for bucket in buckets.values():
             matrices = to_owners(bucket, lambda u: prepared[blocks_of[u][0].param].direction.reshape(-1), rank=rank, group=group)
             results = self._orthogonalize_owned(matrices, blocks_of, whole_params)
@@ -617,11 +616,11 @@ class Muon(CheckedGroupsOptimizer):
                 first = blocks_of[unit][0]
                 param = first.param
                 if param in whole_params:
-                    count, rows, cols = first.layout
-                    transposed = _transposed(blocks_of[unit])
                     if param not in wholes:
-                        wholes[param] = like.new_empty((count, cols, rows) if transposed else (count, rows, cols))
-                    wholes[param][first.index].view(-1).copy_(piece)
+                        count, rows, cols = first.layout
+                        transposed = _transposed(blocks_of[unit])  # the same for every matrix of a param
+                        wholes[param] = (like.new_empty((count, cols, rows) if transposed else (count, rows, cols)), transposed)
+                    wholes[param][0][first.index].view(-1).copy_(piece)
                 else:
                     low = unit.holders[rank][0]
                     if param not in shards:
@@ -630,8 +629,7 @@ class Muon(CheckedGroupsOptimizer):
                     shards[param][start - low : stop - low] = piece
         for param, ready in prepared.items():
             if param in whole_params:
-                stacked = wholes[param]
-                transposed = _transposed(blocks_of[next(u for u in units if blocks_of[u][0].param is param)])
+                stacked, transposed = wholes[param]
                 self._apply(ready, (stacked.mT if transposed else stacked).view(param.shape))
             else:
                 local = local_shard(param)
@@ -706,6 +704,17 @@ class Muon(CheckedGroupsOptimizer):
                 group.setdefault(key, value)
         for param, values in restored.items():
             self.state[param].update(values)
+
+
+def _owner_computed_group(param: torch.Tensor) -> dist.ProcessGroup | None:
+    """The process group of a param whose matrices owner-computes can step: a DTensor sharded
+    on dim 0 over a 1-D mesh of 2 or more ranks, with ``torch.chunk``'s layout; else ``None``."""
+    if not (isinstance(param, DTensor) and param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),)):
+        return None
+    group = param.device_mesh.get_group()
+    world_size = dist.get_world_size(group)
+    start, stop = dim0_chunks(param.shape, world_size)[dist.get_rank(group)]
+    return group if world_size > 1 and stop - start == param.to_local().numel() else None
 
 
 def _ns_cost(block: _Block) -> float:

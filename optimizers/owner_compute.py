@@ -38,6 +38,7 @@ def dim0_chunks(shape: Sequence[int], world_size: int) -> list[Range]:
         >>> dim0_chunks((5, 2), 4)  # chunks of ceil(5 / 4) = 2 rows; the last rank holds none
         [(0, 4), (4, 8), (8, 10), (10, 10)]
     """
+    _check_world_size(world_size)
     rows = shape[0] if shape else 1
     inner = 1
     for size in shape[1:]:
@@ -78,6 +79,7 @@ def assign_owners(matrices: Sequence[tuple[Range, Sequence[Range], float]], worl
         >>> assign_owners([((0, 4), two_experts, 1.0), ((4, 8), two_experts, 1.0)], 2)
         ([0, 1], [1.0, 1.0])
     """
+    _check_world_size(world_size)
     owners = [-1] * len(matrices)
     loads = [0.0] * world_size
     for k, ((start, stop), holders, cost) in enumerate(matrices):
@@ -160,6 +162,11 @@ def from_owners(
         pieces[unit] = received[offsets[unit.owner] : offsets[unit.owner] + size]
         offsets[unit.owner] += size
     return pieces
+
+
+def _check_world_size(world_size: object) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"`world_size`: must be a positive int; got {world_size!r}; expected an int >= 1")
 
 
 def _size(piece: Range) -> int:

@@ -7,6 +7,7 @@ so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``test
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
@@ -16,6 +17,8 @@ from torch.distributed.tensor import DTensor
 
 __all__ = [
     "assign_least_loaded",
+    "finite_number",
+    "show_value",
     "PARAM_DTYPES",
     "ROLES",
     "SCALAR_ROLES",
@@ -146,3 +149,30 @@ def assign_least_loaded(costs: Sequence[float], loads: list[float]) -> list[int]
         loads[rank] = load + costs[position]
         heapq.heappush(heap, (loads[rank], rank))
     return owners
+
+
+def finite_number(value: object) -> bool:
+    """Whether ``value`` is a number (not a bool) that a float holds finitely (``10**400`` is not).
+
+    Example:
+        >>> finite_number(1), finite_number(float("inf")), finite_number(10**400), finite_number(True)
+        (True, False, False, False)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def show_value(value: object) -> str:
+    """``repr(value)`` for a message, except an int too long to read (``10**400`` fills a screen).
+
+    Example:
+        >>> show_value(0.5), show_value(10**400)
+        ('0.5', 'an int of 401 digits')
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an int of {len(str(abs(value)))} digits"
+    return repr(value)

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from tabulate import tabulate
 
+from optzoo._common import show_value
 from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file
 from optzoo.distributed.plan import Mode, plan_shards
@@ -125,8 +126,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 def _cmd_dump(args: argparse.Namespace) -> int:
     if args.world_size is not None and not 1 <= args.world_size <= MAX_WORLD_SIZE:
-        shown = args.world_size if abs(args.world_size) < 10**12 else f"an int of {len(str(abs(args.world_size)))} digits"
-        raise ValueError(f"`--world-size`: out of range; got {shown}; expected an integer in [1, {MAX_WORLD_SIZE}]")
+        raise ValueError(f"`--world-size`: out of range; got {show_value(args.world_size)}; expected an integer in [1, {MAX_WORLD_SIZE}]")
     if args.distributed_mode is not None and args.world_size is None:
         raise ValueError(
             f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "

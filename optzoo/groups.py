@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from optzoo._common import jsonable
+from optzoo._common import finite_number, jsonable, show_value
 from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
 from optzoo.optimizers.registry import get_spec
 from optzoo.routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
@@ -320,9 +319,8 @@ def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str
         if name not in override or (override[name] is None and name not in ("wd_mult", "max_lr")):
             continue
         value = override[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or not value >= 0:
-            shown = f"an int of {len(str(abs(value)))} digits" if isinstance(value, int) and not _finite(value) else repr(value)
-            raise ValueError(f"`{subject}`: `{name}` must be a finite float >= 0; got {shown}; expected e.g. 0.0")
+        if not finite_number(value) or not value >= 0:
+            raise ValueError(f"`{subject}`: `{name}` must be a finite float >= 0; got {show_value(value)}; expected e.g. 0.0")
     wd_mult = float(override.get("wd_mult", 1.0))
     min_lr = override.get("min_lr", group_config.min_lr)
     if min_lr is not None and min_lr > lr:  # the schedule would anneal the lr up to min_lr
@@ -349,13 +347,6 @@ def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str
         auto_routed=part.auto_routed,
         flatten=part.flatten,
     )
-
-
-def _finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 def _wd_bound(override: Mapping[str, Any], name: str) -> float | None:

@@ -26,7 +26,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from optzoo._common import invalid
+from optzoo._common import finite_number, invalid, show_value
 
 __all__ = [
     "LrDecayStyle",
@@ -178,7 +178,7 @@ def get_canonical_lr_for_logging(param_groups: Sequence[Mapping[str, Any]]) -> f
 
 
 def _check_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+    if not finite_number(value):
         raise _fail(name, "must be a finite number", _shown(value), "a finite float")
 
 
@@ -189,17 +189,8 @@ def _check_steps(name: str, value: Any, *, optional: bool = False) -> None:
         raise _fail(name, "must be a whole number of steps", _shown(value), "an int" + (" or None" if optional else ""))
 
 
-def _finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
 def _shown(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
-        return f"an int of {len(str(abs(value)))} digits"
-    return f"{value!r} ({type(value).__name__})"
+    return f"{show_value(value)} ({type(value).__name__})"
 
 
 def _validate(values: Mapping[str, Any]) -> None:

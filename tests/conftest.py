@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
 import torch
 
+from optzoo import OptimizerConfig, get_optimizer
 from optzoo.models import GPT, GPTConfig
 
 
@@ -75,9 +77,29 @@ def twin[M: torch.nn.Module](model: M) -> M:
     ``copy.deepcopy`` alone drops attributes set on parameters (such as
     ``is_embedding_or_output_parameter``), which would silently change the routing.
     """
-    import copy
-
     clone = copy.deepcopy(model)
     for source, copied in zip(model.parameters(), clone.parameters()):
         copied.__dict__.update(source.__dict__)
     return clone
+
+
+def train_with_resumed_twin(
+    model: torch.nn.Module, config: OptimizerConfig, *, steps: int, resume_after: int, grad_scale: float = 1.0
+) -> tuple[torch.optim.Optimizer, torch.nn.Module]:
+    """Step ``model`` and a deep copy of it ``steps`` times with the same random gradients; after
+    step ``resume_after`` the copy's optimizer is rebuilt from a copy of the first one's state
+    dict. Returns the first optimizer and the copy, whose params a resume that loses nothing
+    leaves equal to the model's, bit for bit."""
+    twin_model = twin(model)
+    optimizer, twin_optimizer = get_optimizer(config, model), get_optimizer(config, twin_model)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        for p, q in zip(model.parameters(), twin_model.parameters()):
+            grad = torch.randn(p.shape, generator=generator) * grad_scale
+            p.grad, q.grad = grad.clone(), grad.clone()
+        optimizer.step()
+        twin_optimizer.step()
+        if step == resume_after:
+            twin_optimizer = get_optimizer(config, twin_model)
+            twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    return optimizer, twin_model

@@ -286,6 +286,11 @@ def expert_data_parallel_group(
         expert_process_group = collected
     if expert_process_group is None:
         return None
+    if not isinstance(expert_process_group, dist.ProcessGroup):
+        raise ValueError(
+            f"`expert_process_group`: not a process group; got {type(expert_process_group).__name__}; "
+            "expected a torch.distributed.ProcessGroup (e.g. from dist.new_group), or None"
+        )
     if flag is None:
         raise ValueError(
             "`expert_process_group`: only used by the distributed optimizers (under FSDP2 the expert params' "

@@ -18,6 +18,8 @@ rank takes the same decision and reports the single-process values.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -142,41 +144,46 @@ def find_inf_and_unscale_(
     grad_scaler: MegatronGradScaler | None,
     found_inf: torch.Tensor,
     group: dist.ProcessGroup | None,
-) -> tuple[bool, torch.Tensor | None]:
-    """Unscale and detect inf/NaN on every rank; returns ``(found_inf, global norm or None)``.
+    *,
+    with_norm: bool = False,
+) -> tuple[bool, torch.Tensor | None, float | None]:
+    """Unscale and detect inf/NaN on every rank; returns ``(found_inf, global norm, its value)``.
 
     With a scaler: unscale by ``inv_scale`` and check in one foreach pass per dtype (the flag,
-    ``found_inf``, is reduced with MAX: one rank's inf skips every rank). Without one there is
-    nothing to unscale, so one read pass computes the global norm (reused for clipping) and a
-    non-finite norm means an inf/NaN gradient (or a norm beyond fp32's range).
+    ``found_inf``, is reduced with MAX: one rank's inf skips every rank); the norm is computed
+    only ``with_norm`` (for clipping), else it is ``(None, None)``. Without a scaler there is
+    nothing to unscale, so one read pass computes the global norm (reused for clipping). Either
+    way a non-finite norm is an overflow: an inf/NaN gradient, or finite gradients whose norm is
+    beyond float32 (they would be clipped by 0 and still step). One host read per check.
     """
     if not grads and group is None:
-        return False, None
-    if grad_scaler is None:
-        norm = global_grad_norm(grads, group, found_inf.device)
-        return not bool(torch.isfinite(norm).item()), norm
-    found_inf.zero_()
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for grad in grads:
-        by_dtype.setdefault(grad.dtype, []).append(local_shard(grad))
-    for same_dtype in by_dtype.values():
-        torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, grad_scaler.inv_scale)
-    _all_reduce(found_inf, dist.ReduceOp.MAX, group)
-    return bool(found_inf.item() > 0), None
+        return False, None, None
+    if grad_scaler is not None:
+        found_inf.zero_()
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(local_shard(grad))
+        for same_dtype in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, grad_scaler.inv_scale)
+        _all_reduce(found_inf, dist.ReduceOp.MAX, group)
+        overflow = bool(found_inf.item() > 0)
+        if overflow or not with_norm:
+            return overflow, None, None
+    norm = global_grad_norm(grads, group, found_inf.device)
+    value = float(norm)
+    return not math.isfinite(value), norm, value
 
 
-def clip_by_global_norm_(
-    grads: list[torch.Tensor], max_norm: float, norm: torch.Tensor | None, group: dist.ProcessGroup | None, device: torch.device
-) -> float:
+def clip_by_global_norm_(grads: list[torch.Tensor], max_norm: float, norm: torch.Tensor, norm_value: float) -> float:
     """Scale by ``max_norm / (norm + 1e-6)`` where that is below 1 (Megatron's rule); returns the norm.
 
-    ``norm`` is the global norm when already known (:func:`find_inf_and_unscale_`), else computed.
+    ``norm`` and ``norm_value`` are the global norm as :func:`find_inf_and_unscale_` gives it
+    (the tensor for the arithmetic, its value read once on the host).
     """
-    total = norm if norm is not None else global_grad_norm(grads, group, device)
-    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     if grads:
         torch._foreach_mul_([local_shard(g) for g in grads], coefficient)
-    return float(total)
+    return norm_value
 
 
 def count_zeros(grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device) -> int:

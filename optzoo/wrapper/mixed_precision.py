@@ -186,23 +186,20 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
             grads = grad_stages.model_grads_to_main_grads(self.param_map)
+        clipping = self.options.clip_grad > 0.0 and bool(grads or group is not None)
         with self._timed("optimizer-unscale-and-check-inf"):
-            found_inf, norm = grad_stages.find_inf_and_unscale_(grads, self.grad_scaler, self._found_inf, group)
-        clipping = self.options.clip_grad > 0.0 and (grads or group is not None)
-        if not found_inf and clipping and norm is None:
-            with self._timed("optimizer-clip-main-grad"):
-                norm = grad_stages.global_grad_norm(grads, group, device)
-            # Finite gradients whose norm overflows float32 would be clipped by 0 and still step
-            # (moments and step counts advancing): skipped, as without a scaler.
-            found_inf = not bool(torch.isfinite(norm).item())
+            found_inf, norm, norm_value = grad_stages.find_inf_and_unscale_(
+                grads, self.grad_scaler, self._found_inf, group, with_norm=clipping
+            )
         if self.grad_scaler is not None:
             self.grad_scaler.update(found_inf)
         if found_inf:
             return False, None, None
         grad_norm: float | None = None
         if clipping:
+            assert norm is not None and norm_value is not None  # computed with_norm
             with self._timed("optimizer-clip-main-grad"):
-                grad_norm = grad_stages.clip_by_global_norm_(grads, self.options.clip_grad, norm, group, device)
+                grad_norm = grad_stages.clip_by_global_norm_(grads, self.options.clip_grad, norm, norm_value)
         num_zeros: int | None = None
         if self.options.log_num_zeros_in_grad:
             with self._timed("optimizer-count-zeros"):

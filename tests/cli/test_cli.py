@@ -1018,7 +1018,6 @@ def test_lint_on_a_hugging_face_model_with_a_rule_that_sends_every_matrix_to_muo
 def test_expert_world_size_plans_the_experts_over_their_own_group(capsys: pytest.CaptureFixture[str]) -> None:
     """A Qwen2-MoE's expert stacks get their own plan over 2 expert data-parallel ranks; everything
     else is planned over the 4 data-parallel ranks (as get_optimizer(expert_process_group=...))."""
-    pytest.importorskip("transformers")
     document = dump_json(capsys, "--model", "hf:Qwen2MoeConfig", "--config", "muon-llm", "--world-size", "4", "--expert-world-size", "2")
     experts = {name for name in document["owners"] if ".mlp.experts." in name}
     assert experts and document["expert_world_size"] == 2 and len(document["expert_ranks"]) == 2

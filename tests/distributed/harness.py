@@ -7,11 +7,12 @@ A rank that fails or a run that exceeds ``timeout`` fails the test instead of ha
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,19 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn: Callab
         torch.save({"ok": result}, result_path)
     except BaseException:  # noqa: BLE001 - the parent reports it
         torch.save({"error": traceback.format_exc()}, result_path)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run this process with one thread, as each rank does: matmuls split their sums by thread,
+    so a reference with more threads differs from the ranks in the last bit (and on 2 busy
+    cores, OpenMP's spin-waiting makes tiny steps ~50x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 180.0) -> list[Any]:

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from optzoo import OptimizerConfig, get_optimizer, resolve_group_configs
 from optzoo.distributed import DistributedOptimizer, load_dcp, plan_shards, save_dcp
 from tests.conftest import tiny_gpt
-from tests.distributed.harness import run_ranks
+from tests.distributed.harness import one_thread, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -109,14 +109,9 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def single(spec: dict[str, Any]) -> dict[str, Any]:
-    """The reference run, in this process, with one thread as each rank has (matmuls split
-    their sums by thread, so the thread count changes gradients in the last bit)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    """The reference run, in this process, with one thread as each rank has."""
+    with one_thread():
         return train(0, 0, spec)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def assert_params_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], **tolerance: float) -> None:

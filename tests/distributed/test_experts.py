@@ -10,10 +10,9 @@ rank's optimizer must give exactly what one process stepping the whole model giv
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from torch import nn
 
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.distributed import DistributedOptimizer
-from tests.distributed.harness import run_ranks
+from tests.distributed.harness import one_thread, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -183,12 +182,8 @@ def _resume(rank: int, world: int, saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_checkpoint_saved_on_4_ranks_loads_on_2_and_on_1() -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks: BLAS rounds Newton–Schulz differently with more threads
-    try:
+    with one_thread():  # as the ranks: BLAS rounds Newton–Schulz differently with more threads
         _checkpoint_4_2_1()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _checkpoint_4_2_1() -> None:
@@ -241,6 +236,8 @@ def _bad_groups(rank: int, world: int) -> None:
     expected = "`expert_process_group`: must be a subgroup of the data-parallel group whose size divides it"
     with pytest.raises(ValueError, match=re.escape(expected) + r".*got ranks \[0, 1\] against \[" + str(rank) + r"\]"):
         get_optimizer(config, model, process_group=alone[rank], expert_process_group=dist.group.WORLD, lint=False)
+    with pytest.raises(ValueError, match=r"^`expert_process_group`: not a process group; got list; expected a torch.distributed.ProcessGroup"):
+        get_optimizer(config, model, expert_process_group=[0, 1], lint=False)  # type: ignore[arg-type]
 
 
 # ---- FSDP2: the experts fully_shard over the expert data-parallel mesh --------------------------
@@ -296,7 +293,7 @@ def test_fsdp2_experts_on_their_own_mesh_equal_one_process(optimizer_name: str, 
     """Without clipping, bit for bit. With it, the grad norm (local squares of dense and expert
     shards, summed over the data-parallel group) is the single-process one to float32 summation
     order (rel 1e-6), and so are the params after 3 steps (:data:`PARAM_ATOL`)."""
-    with _one_thread():
+    with one_thread():
         runs = run_ranks(4, _fsdp_ranked, optimizer_name, clip)
     for run in runs:
         assert {size for name, size in run["meshes"].items() if name.startswith("experts.")} == {2}
@@ -313,15 +310,6 @@ def test_fsdp2_experts_on_their_own_mesh_equal_one_process(optimizer_name: str, 
         worst = max((diff for _, _, diff in run["mismatches"]), default=0.0)
         assert worst < PARAM_ATOL[optimizer_name], sorted(run["mismatches"], key=lambda m: -m[2])[:3]
 
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ---- local expert names (Megatron's local_experts.0 on every rank) ------------------------------

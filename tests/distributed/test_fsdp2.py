@@ -9,10 +9,9 @@ seconds), shared by the tests through module-scoped fixtures.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, get_args
 
 import pytest
@@ -24,7 +23,7 @@ from optzoo import OptimizerConfig, get_optimizer
 from optzoo.distributed import preserve_param_attributes
 from optzoo.models import GPT
 from tests.conftest import tiny_gpt
-from tests.distributed.harness import run_ranks
+from tests.distributed.harness import one_thread, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -115,17 +114,6 @@ def _fsdp_runs(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """As on the ranks: on 2 busy cores, OpenMP's spin-waiting made these tiny steps ~50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def fsdp() -> list[dict[str, Any]]:
     return run_ranks(WORLD_SIZE, _fsdp_runs)
@@ -133,7 +121,7 @@ def fsdp() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def single() -> dict[str, Run]:
-    with _one_thread():
+    with one_thread():
         return {name: _train(_model(), config, slice(None)) for name, config in CONFIGS.items()}
 
 

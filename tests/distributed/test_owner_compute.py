@@ -10,6 +10,7 @@ orthogonalises, and ``FlopCounterMode`` counts each rank's FLOPs.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +23,7 @@ import optzoo.optimizers.muon as muon_module
 from optzoo.optimizers.adaptive_muon import AdaptiveMuon
 from optzoo.optimizers.muon import Muon
 from optzoo.optimizers.owner_compute import Unit, assign_owners, dim0_chunks
-from tests.distributed.harness import run_ranks
+from tests.distributed.harness import one_thread, run_ranks
 
 SHAPES = [(16, 32), (48, 16), (7, 12), (3, 5, 6), (4, 8, 8), (6, 2, 3, 3), (24, 16), (1, 9), (33, 20), (20, 33)]
 """Wide, tall, rows not divisible by 2 or 4, a row fewer than the ranks, stacks (3 and 4 experts:
@@ -105,20 +106,9 @@ def _ranks(rank: int, world_size: int) -> dict[tuple[str, str, str], Any]:
     return out
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """The ranks run one thread each; BLAS rounds differently with more, so the reference must too."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def single() -> dict[tuple[str, str], Any]:
-    with _one_thread():
+    with one_thread():
         runs = {("odd", kind): _run(kind, "auto", SHAPES) for kind in KINDS}
         runs[("gpt", "muon")] = _run("muon", "auto", GPT_SHAPES)
     return runs
@@ -202,3 +192,12 @@ def test_a_units_pieces_cover_it_once() -> None:
     assert pieces == [(0, 6), (6, 12), (12, 18), (18, 21)]
     expert = Unit("e", 6, 12, holders, owner=1)
     assert [expert.piece(rank) for rank in range(4)] == [(6, 6), (6, 12), (12, 12), (12, 12)]
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True])
+def test_the_plan_refuses_a_world_size_that_is_not_a_positive_int(world_size: object) -> None:
+    message = rf"^`world_size`: must be a positive int; got {re.escape(repr(world_size))}; expected an int >= 1$"
+    with pytest.raises(ValueError, match=message):
+        dim0_chunks((4, 4), world_size)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        assign_owners([], world_size)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from torch import nn
 from benchmarks.routing_census import MODELS as CENSUS_MODELS
 from optzoo import OptimizerConfig, ParamKey, get_optimizer, infer_roles, resolve_group_configs
 from optzoo.hf import build_hf_model
+from tests.conftest import train_with_resumed_twin
 from tests.routing.test_roles import NanoGPT
 
 MUON = OptimizerConfig(optimizer="muon", lr=1e-3, weight_decay=0.1)
@@ -204,23 +205,10 @@ def test_expert_stacks_are_costed_by_their_experts_and_owned_whole(hf: Callable[
 
 
 def test_a_moe_checkpoint_round_trip_continues_bitwise() -> None:
-    import copy
-
     torch.manual_seed(0)
     model = build_hf_model("MixtralConfig")
-    twin = copy.deepcopy(model)
     config = MUON.replace(muon_fp32_matmul_prec="highest")
-    optimizer, twin_optimizer = get_optimizer(config, model), get_optimizer(config, twin)
-    generator = torch.Generator().manual_seed(1)
-    grads = [[torch.randn(p.shape, generator=generator) * 1e-2 for p in model.parameters()] for _ in range(4)]
-    for step, step_grads in enumerate(grads):
-        for p, q, g in zip(model.parameters(), twin.parameters(), step_grads):
-            p.grad, q.grad = g.clone(), g.clone()
-        optimizer.step()
-        twin_optimizer.step()
-        if step == 1:  # restart the twin from a copy of the first optimizer's checkpoint
-            twin_optimizer = get_optimizer(config, twin)
-            twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    optimizer, twin = train_with_resumed_twin(model, config, steps=4, resume_after=1, grad_scale=1e-2)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
     state = optimizer.state_dict()["state"]["model.layers.0.mlp.experts.gate_up_proj"]

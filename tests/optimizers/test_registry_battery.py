@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from optzoo.optimizers.registry import OptimizerSpec, get_spec, register, registered_names
 from optzoo import OptimizerConfig, ParamKey, get_optimizer
-from tests.conftest import fill_grads
+from tests.conftest import fill_grads, train_with_resumed_twin
 
 NAMES = registered_names()
 LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02}
@@ -72,18 +71,7 @@ def test_steps_on_cpu_and_keeps_dtype(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_state_dict_round_trip_continues_identically(name: str) -> None:
     model = torch.nn.Linear(7, 5)
-    twin_model = copy.deepcopy(model)
-    opt, twin_opt = get_optimizer(_config(name), model), get_optimizer(_config(name), twin_model)
-    generator = torch.Generator().manual_seed(0)
-    grads = [[torch.randn(p.shape, generator=generator) for p in model.parameters()] for _ in range(6)]
-    for step, step_grads in enumerate(grads):
-        for p, q, g in zip(model.parameters(), twin_model.parameters(), step_grads):
-            p.grad, q.grad = g.clone(), g.clone()
-        opt.step()
-        twin_opt.step()
-        if step == 2:  # reload the twin from a copy of the first optimizer's state
-            twin_opt = get_optimizer(_config(name), twin_model)
-            twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    _, twin_model = train_with_resumed_twin(model, _config(name), steps=6, resume_after=2)
     for p, q in zip(model.parameters(), twin_model.parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
 
