@@ -58,7 +58,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.optimizer import ParamsT, StateDict
 
-from .._common import check_choice, check_flag, describe_param
+from .._common import INTERNAL_FILES, check_choice, check_flag, describe_param
 from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  # re-exported: callers import them from here
 from ._checked import CheckedGroupsOptimizer
 from .muon_ops import (  # re-exported: callers import them from here
@@ -73,7 +73,14 @@ from .muon_ops import (  # re-exported: callers import them from here
     qkv_blocks as qkv_blocks,
     take_shard as take_shard,
 )
-from .newton_schulz import CoefficientType, MatmulPrecision, newton_schulz, newton_schulz_flops
+from .newton_schulz import (
+    CoefficientType,
+    MatmulPrecision,
+    NewtonSchulzWarning,
+    newton_schulz,
+    newton_schulz_flops,
+    schedule_problem,
+)
 from .owner_compute import Unit, assign_owners, dim0_chunks, from_owners, to_owners
 
 __all__ = [
@@ -331,6 +338,12 @@ class Muon(CheckedGroupsOptimizer):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{where}: `num_ns_steps`: must be a positive integer; got {steps!r}; expected an int >= 1")
         check_choice(f"{where}: `coefficient_type`", group["coefficient_type"], get_args(CoefficientType))
+        if (problem := schedule_problem(group["coefficient_type"], steps)) is not None:
+            warnings.warn(
+                f"{where}: coefficient_type={group['coefficient_type']!r} with num_ns_steps={steps}: {problem}",
+                NewtonSchulzWarning,
+                skip_file_prefixes=INTERNAL_FILES,
+            )
         check_choice(f"{where}: `fp32_matmul_prec`", group["fp32_matmul_prec"], get_args(MatmulPrecision))
         check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(ScaleMode))
         for key in ("nesterov", "split_qkv", "batched", "flatten"):

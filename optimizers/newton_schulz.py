@@ -75,11 +75,13 @@ __all__ = [
     "Coefficients",
     "GRAM_RESTART_PERIOD",
     "MatmulPrecision",
+    "NewtonSchulzWarning",
     "REPEAT_LAST",
     "SYMMETRIC_BLOCKS_MIN_ROWS",
     "Variant",
     "coefficient_schedule",
     "has_fast_bf16_matmul",
+    "schedule_problem",
     "newton_schulz",
     "newton_schulz_flops",
 ]
@@ -132,7 +134,8 @@ REPEAT_LAST: Final[frozenset[CoefficientType]] = frozenset({"polar_express", "ca
 """Sets that repeat their last tuple when ``steps`` exceeds their length; the others cycle from the
 first tuple (upstream ``newton_schulz``'s ``repeat_last_types``). Cycling is replicated as is, though
 it maps singular values near 1 to about 0.1 (``quintic``, 6 steps) or -0.6 (``aol`` at 5 steps,
-Megatron's default: a sign flip of the update)."""
+Megatron's default: a sign flip of the update); :func:`schedule_problem` says so, and
+``OptimizerConfig`` and ``Muon`` warn (:class:`NewtonSchulzWarning`)."""
 GRAM_RESTART_PERIOD: Final = 3
 """Gram steps between restarts. Measured on 256×1024 float32 inputs (Gaussian, log-spaced
 spectra down to 1e-8, rank-deficient), every set, 2 to 10 steps, spectral-norm error against
@@ -161,6 +164,70 @@ def coefficient_schedule(coefficient_type: CoefficientType, steps: int) -> tuple
     sets = COEFFICIENT_SETS[coefficient_type]
     endless = chain(sets, repeat(sets[-1])) if coefficient_type in REPEAT_LAST else cycle(sets)
     return tuple(islice(endless, steps))
+
+
+class NewtonSchulzWarning(UserWarning):
+    """A coefficient set and step count whose iteration does not approach the orthogonal factor
+    (:func:`schedule_problem`)."""
+
+
+_PROBE_STEPS_LIMIT = 12
+
+
+@functools.cache
+def schedule_problem(coefficient_type: CoefficientType, steps: int) -> str | None:
+    """What goes wrong with ``steps`` iterations of ``coefficient_type``, or ``None``.
+
+    The iteration acts on each singular value σ ∈ (0, 1] of the Frobenius-normalised input alone, so
+    its scalar map over σ ∈ [1e-3, 1] shows the problems: a negative output is a sign flip of the
+    update along that direction (``aol`` at every step count: σ ≥ 0.885 at 1–4 steps, a nearly
+    rank-1 gradient, and most of (0, 1) at 5–8), and outputs below 0.7 for all σ ≥ 0.1 are a
+    collapse (``quintic`` at 6 and 7 steps, cycling back to its first tuples).
+
+    Example:
+        >>> schedule_problem("quintic", 5) is None
+        True
+        >>> print(schedule_problem("quintic", 6))
+        maps singular values in [0.1, 1] to [0.06, 0.16] instead of about 1 (quintic has 5 coefficient tuples and cycles past them); steps without this problem: 1-5, 8-10
+    """
+    description = _scalar_map_problem(coefficient_type, steps)
+    if description is None:
+        return None
+    sets = COEFFICIENT_SETS[coefficient_type]
+    if coefficient_type not in REPEAT_LAST and steps > len(sets):
+        description += f" ({coefficient_type} has {len(sets)} coefficient tuples and cycles past them)"
+    fine = [n for n in range(1, _PROBE_STEPS_LIMIT + 1) if _scalar_map_problem(coefficient_type, n) is None]
+    if fine:
+        return f"{description}; steps without this problem: {_ranges(fine)}"
+    return f"{description}; no step count up to {_PROBE_STEPS_LIMIT} avoids it: use quintic, polar_express or cans"
+
+
+@functools.cache
+def _scalar_map_problem(coefficient_type: CoefficientType, steps: int) -> str | None:
+    sigma = torch.logspace(-3, 0, 3001, dtype=torch.float64)
+    out = sigma.clone()
+    for a, b, c in coefficient_schedule(coefficient_type, steps):
+        square = out * out
+        out = out * (a + square * (b + c * square))
+    flipped = sigma[out < 0]
+    if flipped.numel():
+        low, high = flipped.min().item(), flipped.max().item()
+        which = "a nearly rank-1 input" if low >= 0.5 else "the Frobenius-normalised input"
+        return f"flips the sign of the update along singular values in [{low:.3g}, {high:.3g}] (of {which})"
+    band = out[sigma >= 0.1]
+    if band.max().item() < 0.7:
+        return f"maps singular values in [0.1, 1] to [{band.min().item():.2f}, {band.max().item():.2f}] instead of about 1"
+    return None
+
+
+def _ranges(values: list[int]) -> str:
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
 
 
 @functools.cache

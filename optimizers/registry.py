@@ -11,6 +11,7 @@ it), its family (MuP's rules), the shapes it takes and what it hands to a fallba
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
@@ -22,7 +23,7 @@ from .._common import SCALAR_ROLES, fused_supported
 from . import _emerging
 from .adaptive_muon import AdaptiveMuon
 from .muon import Muon
-from .newton_schulz import newton_schulz_flops
+from .newton_schulz import NewtonSchulzWarning, newton_schulz_flops
 from .precision_adam import PrecisionAwareAdam
 
 __all__ = [
@@ -408,6 +409,14 @@ _MUON_FIELDS = (
 _MUON_SHAPES = "matrices, expert stacks, conv filters"
 
 
+def _without_ns_warning(cls: type[Muon], groups: ParamGroups, instance: Mapping[str, Any]) -> Muon:
+    """Build a Muon from configs that already warned about their Newton–Schulz schedule
+    (``OptimizerConfig`` does, once per config)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NewtonSchulzWarning)
+        return cls(groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"])
+
+
 def _muon_options(c: Mapping[str, Any]) -> dict[str, Any]:
     # muon_tp_mode is accepted and has no effect: without tensor parallelism every mode is the same.
     return {
@@ -430,7 +439,7 @@ register(
         config_fields=_MUON_FIELDS,
         instance_fields=("muon_fsdp_orthogonalize",),
         group_options=_muon_options,
-        build=lambda groups, instance: Muon(groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"]),
+        build=lambda groups, instance: _without_ns_warning(Muon, groups, instance),
     )
 )
 
@@ -449,6 +458,6 @@ register(
             **_muon_options(c), "moment2_method": c["adaptive_muon_moment2_method"],
             "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
         },  # fmt: skip
-        build=lambda groups, instance: AdaptiveMuon(groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"]),
+        build=lambda groups, instance: _without_ns_warning(AdaptiveMuon, groups, instance),
     )
 )

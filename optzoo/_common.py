@@ -6,8 +6,10 @@ so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``test
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
@@ -16,6 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 __all__ = [
+    "INTERNAL_FILES",
     "assign_least_loaded",
     "finite_number",
     "show_value",
@@ -32,6 +35,14 @@ __all__ = [
     "local_shard",
     "shorten",
 ]
+
+INTERNAL_FILES: tuple[str, ...] = (
+    os.path.dirname(os.path.abspath(__file__)),
+    os.path.dirname(os.path.abspath(torch.__file__)),
+    os.path.splitext(os.path.abspath(dataclasses.__file__))[0],  # without ".py": see below
+    "<string",  # a dataclass's generated __init__ ("<string>": CPython 3.12 matches prefixes against the name less its last char)
+)
+"""``warnings.warn(skip_file_prefixes=...)``: blame the first frame outside optzoo and torch."""
 
 Role = Literal["embedding", "output", "bias", "norm", "expert", "router", "conv", "matrix", "vector"]
 """What a parameter is, read from the model (``optzoo.routing.roles``): a lookup table, the output

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
 
-from optzoo._common import finite_number, invalid, show_value
+from optzoo._common import INTERNAL_FILES, finite_number, invalid, show_value
 from optzoo.optimizers.adaptive_muon import Moment2Method
 from optzoo.optimizers.muon import FsdpOrthogonalize, ScaleMode
-from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision
+from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision, NewtonSchulzWarning, schedule_problem
 from optzoo.optimizers.registry import get_spec, registered_names
 
 __all__ = [
@@ -265,6 +266,7 @@ class OptimizerConfig:
         self._check_precision()
         self._check_paths()
         self._check_unsupported()
+        self._warn_about_newton_schulz()
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -395,6 +397,17 @@ class OptimizerConfig:
                 "param holds the high half of the fp32 master)", True, "store_param_remainders=False here",
             )
 
+    def _warn_about_newton_schulz(self) -> None:
+        if "muon_num_ns_steps" not in get_spec(self.optimizer).config_fields:
+            return
+        problem = schedule_problem(self.muon_coefficient_type, self.muon_num_ns_steps)
+        if problem is not None:
+            warnings.warn(
+                f"muon_coefficient_type={self.muon_coefficient_type!r} with muon_num_ns_steps={self.muon_num_ns_steps}: {problem}",
+                NewtonSchulzWarning,
+                skip_file_prefixes=INTERNAL_FILES,
+            )
+
     def _check_unsupported(self) -> None:
         """Fields optzoo cannot honour yet: only their inert value is accepted."""
         for field, inert, why in _UNSUPPORTED:
@@ -403,8 +416,12 @@ class OptimizerConfig:
                 raise _fail(field, f"not supported: {why}", value, repr(inert))
 
     def replace(self, **changes: Any) -> OptimizerConfig:
-        """A validated copy with ``changes`` applied."""
-        return dataclasses.replace(self, **changes)
+        """A validated copy with ``changes`` applied (warning only about what the changes add)."""
+        copy_warned = ("muon_coefficient_type", "muon_num_ns_steps", "optimizer")
+        with warnings.catch_warnings():
+            if all(changes.get(name, getattr(self, name)) == getattr(self, name) for name in copy_warned):
+                warnings.simplefilter("ignore", NewtonSchulzWarning)  # this config warned already
+            return dataclasses.replace(self, **changes)
 
     def diff(self, base: OptimizerConfig) -> dict[str, Any]:
         """The fields where this config differs from ``base`` (how an override config is read)."""

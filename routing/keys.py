@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,17 +26,62 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class ParamPredicate:
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    """Whether two predicate functions are the same rule: one object, or one ``def``/``lambda``
+    (same code) with equal defaults and captured values (a recipe built twice)."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_a is not code_b:
+        return False
+    try:
+        cells_a = tuple(cell.cell_contents for cell in (getattr(a, "__closure__", None) or ()))
+        cells_b = tuple(cell.cell_contents for cell in (getattr(b, "__closure__", None) or ()))
+        return bool(cells_a == cells_b and getattr(a, "__defaults__", None) == getattr(b, "__defaults__", None))
+    except Exception:  # an empty cell or a capture whose == does not give a bool: not provably the same
+        return False
+
+
+class _EqualByName:
+    """Equality and hashing by ``name`` (as Megatron-Core's predicates), with a warning when two
+    predicates of one name hold different functions: they would collapse into one rule (in a
+    ``config_overrides`` dict the later override replaces the earlier) without a word."""
+
+    name: str
+    fn: Callable[..., Any]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _EqualByName)
+        if self.name != other.name:
+            return False
+        if not _same_function(self.fn, other.fn):
+            warnings.warn(
+                f"two {type(self).__name__}s named {self.name!r} test with different functions; "
+                "predicates are equal by name, so they are one rule (in a config_overrides dict the "
+                "later override replaces the earlier): give them different names",
+                UserWarning,
+                stacklevel=3,
+            )
+        return True
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.name))
+
+
+@dataclass(frozen=True, eq=False)
+class ParamPredicate(_EqualByName):
     """A named test on a parameter, hashable so it can live inside a :class:`ParamKey`.
 
-    Equality and hashing use ``name`` only: two predicates with the same name are the same rule.
+    Equality and hashing use ``name`` only: two predicates with the same name are the same rule,
+    and comparing two of one name whose functions differ warns (``UserWarning``).
 
     Example:
         >>> is_1d = ParamPredicate(name="is_1d", fn=lambda p: p.ndim == 1)
         >>> is_1d(torch.empty(3))
         True
-        >>> is_1d == ParamPredicate(name="is_1d", fn=lambda p: False)
+        >>> is_1d == ParamPredicate(name="is_1d", fn=is_1d.fn)
         True
     """
 
@@ -48,8 +94,8 @@ class ParamPredicate:
         return bool(self.fn(param))
 
 
-@dataclass(frozen=True)
-class ParamWithNamePredicate:
+@dataclass(frozen=True, eq=False)
+class ParamWithNamePredicate(_EqualByName):
     """A named test on a parameter and its full dotted name; equal and hashed by ``name`` only.
 
     Example:

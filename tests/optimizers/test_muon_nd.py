@@ -129,6 +129,7 @@ def _steps_as_twins(
 @pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("nesterov", [False, True])
 @pytest.mark.parametrize("scale_mode", get_args(ScaleMode))
+@pytest.mark.filterwarnings("ignore::optzoo.optimizers.newton_schulz.NewtonSchulzWarning")  # every set, aol too
 @pytest.mark.parametrize("coefficient_type", get_args(CoefficientType))
 def test_muon_stack_equals_its_matrices_as_2d_params(
     coefficient_type: CoefficientType, scale_mode: ScaleMode, nesterov: bool, batched: bool

@@ -555,3 +555,86 @@ def test_item14_a_py_config_whose_overrides_are_a_list_is_named(tmp_path: object
     path.write_text("from optzoo import OptimizerConfig\nconfig = OptimizerConfig(lr=0.1)\nconfig_overrides = [1, 2]\n")
     with pytest.raises(ValueError, match=r"bad.py`: `config_overrides` must be a dict of ParamKey -> override; got list"):
         load_config_file(path)
+
+
+# ---- new-user item: coefficient sets that go wrong at some step counts ------------------------
+
+from optzoo.optimizers.muon import Muon  # noqa: E402
+from optzoo.optimizers.newton_schulz import (  # noqa: E402
+    COEFFICIENT_SETS,
+    NewtonSchulzWarning,
+    newton_schulz,
+    schedule_problem,
+)
+
+
+def _signed_singular_values(coefficient_type: str, steps: int, g: torch.Tensor) -> torch.Tensor:
+    """diag(Uᵀ · NS(G) · V): the iteration's output along each of G's singular directions."""
+    u, _, vh = torch.linalg.svd(g.double(), full_matrices=False)
+    out = newton_schulz(g, steps=steps, coefficient_type=coefficient_type).double()  # type: ignore[arg-type]
+    return (u.T @ out @ vh.T).diagonal()
+
+
+@pytest.mark.parametrize("coefficient_type", sorted(COEFFICIENT_SETS))
+def test_new_user_schedule_problem_agrees_with_real_matrices(coefficient_type: str) -> None:
+    """Every flagged step count misbehaves on a real matrix, and every unflagged one does not."""
+    torch.manual_seed(0)
+    full_rank = torch.randn(48, 96)
+    rank_one = torch.randn(48, 1) @ torch.randn(1, 96)
+    for steps in range(1, 11):
+        problem = schedule_problem(coefficient_type, steps)  # type: ignore[arg-type]
+        worst = {name: _signed_singular_values(coefficient_type, steps, g) for name, g in (("full", full_rank), ("rank1", rank_one))}
+        flipped = worst["full"].min() < 0 or worst["rank1"][0] < 0
+        collapsed = worst["full"].max() < 0.7
+        if problem is None:
+            assert not flipped and not collapsed, (coefficient_type, steps, worst["full"].aminmax())
+        elif problem.startswith("flips the sign"):
+            assert flipped, (coefficient_type, steps)
+        else:
+            assert problem.startswith("maps singular values") and collapsed, (coefficient_type, steps)
+
+
+def test_new_user_schedule_problem_names_the_bad_step_counts() -> None:
+    assert schedule_problem("quintic", 5) is None
+    assert all(schedule_problem(kind, steps) is None for kind in ("polar_express", "cans") for steps in range(5, 13))
+    assert schedule_problem("quintic", 6) == (
+        "maps singular values in [0.1, 1] to [0.06, 0.16] instead of about 1 (quintic has 5 coefficient tuples "
+        "and cycles past them); steps without this problem: 1-5, 8-10"
+    )
+    assert re.fullmatch(
+        r"flips the sign of the update along singular values in \[0\.0103, 0\.891\] \(of the Frobenius-normalised "
+        r"input\) \(aol has 4 coefficient tuples and cycles past them\); no step count up to 12 avoids it: .*",
+        schedule_problem("aol", 5) or "",
+    )
+    assert "(of a nearly rank-1 input)" in (schedule_problem("aol", 4) or "")
+
+
+def test_new_user_config_warns_once_about_a_bad_schedule_and_builds() -> None:
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 4, bias=False))
+    with pytest.warns(NewtonSchulzWarning) as caught:
+        config = OptimizerConfig(optimizer="muon", lr=0.01, muon_coefficient_type="aol", muon_num_ns_steps=5)
+    assert [str(w.message) for w in caught] == [
+        f"muon_coefficient_type='aol' with muon_num_ns_steps=5: {schedule_problem('aol', 5)}"
+    ]
+    assert caught[0].filename == __file__  # blamed on the line that built the config
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NewtonSchulzWarning)
+        get_optimizer(config, model)  # the config warned; its groups and the Muon do not repeat it
+        OptimizerConfig(optimizer="adam", lr=0.01, muon_num_ns_steps=6)  # Muon's fields unused: no warning
+        OptimizerConfig(optimizer="muon", lr=0.01, muon_coefficient_type="polar_express", muon_num_ns_steps=8)
+
+
+def test_new_user_an_override_that_adds_a_bad_schedule_warns() -> None:
+    from optzoo.routing import ParamKey
+
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 4, bias=False))
+    with pytest.warns(NewtonSchulzWarning, match=r"^muon_coefficient_type='quintic' with muon_num_ns_steps=7: maps singular values") as caught:
+        get_optimizer(OptimizerConfig(optimizer="muon", lr=0.01), model, config_overrides={ParamKey(name="0.weight"): {"muon_num_ns_steps": 7}})
+    assert {w.filename for w in caught} == {__file__}
+
+
+def test_new_user_muon_built_directly_warns_per_group() -> None:
+    weight = nn.Parameter(torch.randn(8, 8))
+    with pytest.warns(NewtonSchulzWarning, match=r"^param group #0: coefficient_type='quintic' with num_ns_steps=6: maps singular") as caught:
+        Muon([weight], num_ns_steps=6)
+    assert caught[0].filename == __file__

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -54,10 +55,40 @@ def test_predicates_are_equal_and_hashed_by_name_only(cls: type) -> None:
     a = cls(name="rule", fn=lambda *args: True)
     b = cls(name="rule", fn=lambda *args: False)
     c = cls(name="other", fn=a.fn)
-    assert a == b
+    with pytest.warns(UserWarning, match=rf"two {cls.__name__}s named 'rule' test with different functions"):
+        assert a == b
     assert hash(a) == hash(b)
     assert a != c
-    assert len({a, b, c}) == 2
+    with pytest.warns(UserWarning, match="give them different names"):
+        assert len({a, b, c}) == 2
+
+
+SAME_NAME = "predicates are equal by name, so they are one rule"
+
+
+@pytest.mark.parametrize("cls", [ParamPredicate, ParamWithNamePredicate])
+def test_two_same_named_predicates_in_one_overrides_dict_warn_as_they_collapse(cls: type) -> None:
+    first = cls(name="big", fn=lambda *args: args[0].numel() > 10)
+    second = cls(name="big", fn=lambda *args: args[0].ndim == 1)
+    field = "predicate" if cls is ParamPredicate else "with_name_predicate"
+    with pytest.warns(UserWarning, match=rf"two {cls.__name__}s named 'big' .*{SAME_NAME}.*later override replaces"):
+        overrides = {ParamKey(**{field: first}): {"lr": 1.0}, ParamKey(**{field: second}): {"lr": 2.0}}
+    assert list(overrides.values()) == [{"lr": 2.0}]  # the collapse the warning reports
+
+
+def test_one_predicate_or_one_recipe_built_twice_does_not_warn() -> None:
+    def by_size(limit: int) -> ParamPredicate:
+        return ParamPredicate(name=f"over_{limit}", fn=lambda p: p.numel() > limit)
+
+    pred = ParamPredicate(name="is_1d", fn=lambda p: p.ndim == 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pred == ParamPredicate(name="is_1d", fn=pred.fn)
+        assert by_size(4) == by_size(4)
+        assert len({ParamKey(predicate=by_size(4)), ParamKey(predicate=by_size(4))}) == 1
+    # same code, other captured value, same name: a different rule under one name
+    with pytest.warns(UserWarning, match=SAME_NAME):
+        assert ParamPredicate(name="over", fn=by_size(4).fn) == ParamPredicate(name="over", fn=by_size(8).fn)
 
 
 def test_predicates_of_different_kinds_with_one_name_differ() -> None:
@@ -87,7 +118,7 @@ def test_param_key_is_hashable_and_equal_by_value() -> None:
     b = ParamKey(
         name=("*.bias", "*norm*"),
         attr="is_expert",
-        predicate=ParamPredicate(name="is_1d", fn=lambda p: False),  # same rule name
+        predicate=ParamPredicate(name="is_1d", fn=IS_1D.fn),  # same rule
     )
     assert a == b and hash(a) == hash(b)
     overrides = {a: {"wd_mult": 0.0}}

@@ -367,9 +367,9 @@ def test_every_kind_of_key_round_trips_through_an_entry_toml_and_yaml(key: Param
 
 
 def test_a_recipe_keeps_the_config_and_the_none_versus_empty_distinction() -> None:
-    config = OptimizerConfig(lr=3e-4, weight_decay=0.1, params_dtype=torch.bfloat16, optimizer="muon", muon_num_ns_steps=6)
+    config = OptimizerConfig(lr=3e-4, weight_decay=0.1, params_dtype=torch.bfloat16, optimizer="muon", muon_num_ns_steps=8)
     assert recipe_from_overrides(None, config) == {
-        "config": {"lr": 3e-4, "weight_decay": 0.1, "params_dtype": "bfloat16", "optimizer": "muon", "muon_num_ns_steps": 6}
+        "config": {"lr": 3e-4, "weight_decay": 0.1, "params_dtype": "bfloat16", "optimizer": "muon", "muon_num_ns_steps": 8}
     }
     assert parse_recipe(dump_recipe(recipe_from_overrides(None, config))) == (config, None)
     text = dump_recipe(recipe_from_overrides({}, config))

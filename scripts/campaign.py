@@ -1,0 +1,868 @@
+#!/usr/bin/env python
+"""Adversarial campaign against optzoo: many small trials, each classified pass or fail.
+
+    .venv/bin/python scripts/campaign.py [--quick] [--only CATEGORY ...]
+
+Categories: config, routing, step, checkpoint, scheduler, cli (see each generator below for the
+rule it applies). CPU only, no network, nothing downloaded; tiny models are built in code. The
+run is deterministic: every trial seeds torch from its own name, and ``--quick`` keeps the ~10%
+of trials whose name hashes to 0 mod 10 (the same ones every run). The exit status is always 0:
+this is a report; the last line is ``FAILURES: N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import io
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, get_args
+
+import torch
+from tabulate import tabulate
+from torch import nn
+
+from optzoo import OptimizerConfig, OptimizerParamScheduler, ParamKey, get_optimizer
+from optzoo.config import AdaptiveMuonMoment2Method, MuonCoefficientType, MuonFsdpOrthogonalize
+from optzoo.config import MuonMatmulPrecision, MuonScaleMode, MuonTPMode
+from optzoo.optimizers.registry import get_spec, registered_names
+from optzoo.routing import ParamPredicate, ParamWithNamePredicate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPTIMIZERS = ("adam", "sgd", "lion", "soap", "muon", "adaptive_muon")
+DTYPES = {"fp32": (torch.float32, {}), "bf16": (torch.bfloat16, {"bf16": True}),
+          "fp16": (torch.float16, {"fp16": True, "initial_loss_scale": 1024.0})}  # fmt: skip
+NAN, INF = float("nan"), float("inf")
+
+Trial = tuple[str, Callable[[], str | None]]  # (name, run) -> None on pass, else the reason
+
+
+def short(text: object, limit: int = 150) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def seed_from(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def expect_raise(fn: Callable[[], Any], names: tuple[str, ...], types: tuple[type, ...] = (ValueError, TypeError)) -> str | None:
+    """Pass when ``fn`` raises one of ``types`` with a message naming one of ``names``."""
+    try:
+        fn()
+    except types as error:
+        if any(n in str(error) for n in names):
+            return None
+        return f"{type(error).__name__} does not name {names[0]!r}: {short(error)}"
+    except Exception as error:  # noqa: BLE001 - the wrong type is the finding
+        return f"wrong exception {type(error).__name__}: {short(error)}"
+    return "accepted silently (no error)"
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """Where two nested state structures differ (tensors bit for bit, NaN equal to NaN), or None."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{path}: tensor vs {type(b).__name__}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        bits = lambda t: t.detach().reshape(-1).contiguous().view(torch.uint8)  # noqa: E731
+        return None if torch.equal(bits(a), bits(b)) else f"{path}: values differ"
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return f"{path}: keys {sorted(map(str, set(a) ^ set(b)))} on one side only"
+        return next((d for k in a if (d := first_difference(a[k], b[k], f"{path}[{k!r}]"))), None)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path}: lengths {len(a)} vs {len(b)}"
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f"{path}[{i}]"))), None)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return None
+    return None if a == b else f"{path}: {short(a, 40)} vs {short(b, 40)}"
+
+
+# ---- tiny models -----------------------------------------------------------------------------
+
+
+class Net(nn.Module):
+    """Linear/LayerNorm/Linear (non-square, so transposes matter), optionally zero-size params."""
+
+    def __init__(self, hidden: int = 16, empty: bool = False, prefix: str = "body") -> None:
+        super().__init__()
+        self.add_module(prefix, nn.Sequential(nn.Linear(8, hidden), nn.LayerNorm(hidden), nn.Linear(hidden, 6)))
+        if empty:
+            self.empty_w = nn.Parameter(torch.zeros(0, 8))
+            self.empty_b = nn.Parameter(torch.zeros(0))
+
+
+def make(opt: str, dtype_key: str, seed: int, **net: Any) -> tuple[nn.Module, Any]:
+    dtype, flags = DTYPES[dtype_key]
+    torch.manual_seed(seed)
+    model = Net(**net).to(dtype)
+    return model, get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt, **flags), model)
+
+
+def set_grads(model: nn.Module, optimizer: Any, seed: int, skip: tuple[str, ...] = ()) -> None:
+    """Deterministic random grads, times the loss scale (as a scaled backward would give)."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = float(optimizer.get_loss_scale())
+    for name, p in model.named_parameters():
+        grad = torch.randn(p.shape, generator=gen) * scale
+        p.grad = None if name in skip else grad.to(p.dtype)
+
+
+def snapshot(model: nn.Module, optimizer: Any) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(optimizer.state_dict())
+
+
+def mains(optimizer: Any) -> list[torch.Tensor]:
+    return [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
+
+
+def unchanged(model: nn.Module, optimizer: Any, before: tuple[list[torch.Tensor], dict[str, Any]], ignore: tuple[str, ...] = ()) -> str | None:
+    params, state = before
+    after = optimizer.state_dict()
+    for key in ignore:  # the scaler is documented to move on a skipped step
+        state, after = {k: v for k, v in state.items() if k != key}, {k: v for k, v in after.items() if k != key}
+    if d := first_difference(params, [p.detach() for p in model.parameters()], "params"):
+        return d
+    return first_difference(state, after, "state_dict")
+
+
+def hf_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel  # lazy: ~7 s to import
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+# ---- 1. config -------------------------------------------------------------------------------
+# Rule per field kind (``expected_valid`` returns True, False, or None when either is fine):
+#   bool: only True/False (0/1/None are wrong types); True is invalid for the unsupported flags,
+#     which accept only their inert default, and for use_precision_aware_optimizer alone (its
+#     store_param_remainders default needs bf16).
+#   numbers (float, float | None): never bool, never non-finite (10**400 included); per-field
+#     ranges as documented (betas in [0, 1), eps > 0, loss scales in fp32's normal range, ...);
+#     loss_scale and decoupled_min_lr need another field set first, so any number is invalid alone.
+#   int counts: int >= 1, no bool, no 1.5 (that would be a silent truncation).
+#   str choices: one of the documented names; dtypes: torch.dtype, fp32 unless precision-aware.
+# Construction that raises ValueError/TypeError naming the field always passes (strict is fine).
+
+BAD_VALUES: tuple[tuple[str, Any], ...] = (
+    ("nan", NAN), ("inf", INF), ("-inf", -INF), ("-1", -1), ("0", 0), ("10**400", 10**400), ("1.5", 1.5),
+    ("True", True), ("'abc'", "abc"), ("None", None), ("[1]", [1]), ("{}", {}),
+)  # fmt: skip
+UNSUPPORTED = {
+    "fp8_recipe", "reuse_grad_buf_for_mxfp8_param_ag", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
+    "optimizer_cpu_offload", "optimizer_offload_fraction", "use_torch_optimizer_for_cpu_offload",
+    "overlap_cpu_optimizer_d2h_h2d", "offload_optimizer_states", "optimizer_cuda_graph",
+}  # fmt: skip
+CHOICES = {
+    "optimizer": registered_names(),
+    "muon_scalar_optimizer": tuple(n for n in registered_names() if get_spec(n).scalar_fallback),
+    "muon_scale_mode": get_args(MuonScaleMode), "muon_fp32_matmul_prec": get_args(MuonMatmulPrecision),
+    "muon_coefficient_type": get_args(MuonCoefficientType), "muon_tp_mode": get_args(MuonTPMode),
+    "adaptive_muon_moment2_method": get_args(AdaptiveMuonMoment2Method),
+    "muon_fsdp_orthogonalize": get_args(MuonFsdpOrthogonalize),
+}  # fmt: skip
+FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)
+RANGES: dict[str, Callable[[float], bool]] = {
+    **{f: (lambda v: 0 <= v < 1) for f in ("adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum",
+                                            "lion_beta1", "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2")},
+    **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr")},
+    "adam_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
+    "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
+    "min_loss_scale": lambda v: FP32_TINY <= v <= min(FP32_MAX, 2.0**32),  # and <= initial_loss_scale
+    "loss_scale_window": lambda v: v >= 1 and float(v).is_integer(),
+    "optimizer_offload_fraction": lambda v: v == 0,
+    "loss_scale": lambda v: False, "decoupled_min_lr": lambda v: False,  # need fp16/bf16, decoupled_lr
+}  # fmt: skip
+
+
+def is_number(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def expected_valid(field: dataclasses.Field[Any], value: Any) -> bool | None:
+    kind = str(field.type)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            return False
+        if field.name == "barrier_with_L1_time":
+            return None  # inert without timers: accepting or refusing are both defensible
+        return value == field.default or field.name not in UNSUPPORTED | {"use_precision_aware_optimizer"}
+    if kind in ("float", "float | None"):
+        if value is None:
+            return kind == "float | None"
+        return is_number(value) and RANGES[field.name](value)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if kind in ("str", "str | None"):
+        if field.name == "fp8_recipe":
+            return value is None
+        if field.name == "config_logger_dir":
+            return isinstance(value, str)
+        return value in CHOICES[field.name]
+    if kind == "torch.dtype":
+        if not isinstance(value, torch.dtype):
+            return False
+        return value.is_floating_point if field.name == "params_dtype" else value == torch.float32
+    if field.name == "timers":
+        return value is None or callable(value)
+    raise AssertionError(f"campaign has no rule for field {field.name} of type {kind}")
+
+
+def config_trial(field: dataclasses.Field[Any], value: Any) -> str | None:
+    try:
+        config = OptimizerConfig(**{field.name: value})
+    except (ValueError, TypeError) as error:
+        return None if field.name in str(error) else f"{type(error).__name__} does not name the field: {short(error)}"
+    except Exception as error:  # noqa: BLE001
+        return f"wrong exception {type(error).__name__}: {short(error)}"
+    stored = getattr(config, field.name)
+    if type(stored) is not type(value) or (stored != value and stored is not value):
+        return f"silently coerced {value!r} to {stored!r}"
+    if expected_valid(field, value) is False:
+        return f"accepted invalid value {short(repr(value), 40)}"
+    return None
+
+
+def mutated_trial(field: str, value: Any, optimizer: str = "adam") -> str | None:
+    """A config mutated after validation (the dataclass is not frozen): get_optimizer must recheck."""
+    config = OptimizerConfig(lr=1e-3, optimizer=optimizer)
+    setattr(config, field, value)
+    return expect_raise(lambda: get_optimizer(config, Net()), (field,))
+
+
+def config_trials() -> Iterator[Trial]:
+    for field in dataclasses.fields(OptimizerConfig):
+        values = list(BAD_VALUES)
+        if str(field.type) == "torch.dtype":
+            values += [("torch.int64", torch.int64), ("torch.bfloat16", torch.bfloat16), ("'float32'", "float32")]
+        if str(field.type) in ("str", "str | None"):
+            values += [("''", ""), ("'ADAM'", "ADAM")]
+        for label, value in values:
+            if type(value) is type(field.default) and value == field.default:
+                continue  # the default itself is not a bad value
+            yield f"{field.name}={label}", lambda f=field, v=value: config_trial(f, v)
+    cross = [  # (fields that may be named, kwargs): each combination is documented as invalid
+        (("min_lr", "lr"), dict(lr=1e-3, min_lr=1e-2)),
+        (("decoupled_min_lr", "decoupled_lr"), dict(lr=1e-3, decoupled_lr=1e-4, decoupled_min_lr=1e-3)),
+        (("fp16", "bf16"), dict(fp16=True, bf16=True)),
+        (("min_loss_scale", "initial_loss_scale"), dict(fp16=True, initial_loss_scale=4.0, min_loss_scale=8.0)),
+        (("optimizer", "use_precision_aware_optimizer"), dict(optimizer="sgd", bf16=True, use_precision_aware_optimizer=True)),
+        (("exp_avg_dtype",), dict(exp_avg_dtype=torch.bfloat16)),
+        (("store_param_remainders",), dict(fp16=True, use_precision_aware_optimizer=True)),
+        (("main_params_dtype",), dict(use_precision_aware_optimizer=True, store_param_remainders=False, main_params_dtype=torch.bfloat16)),
+        (("main_grads_dtype",), dict(bf16=True, use_precision_aware_optimizer=True, main_grads_dtype=torch.float16)),
+        (("loss_scale",), dict(bf16=True, loss_scale=0.0)),
+    ]  # fmt: skip
+    for names, kwargs in cross:
+        yield "cross:" + ",".join(f"{k}={v}" for k, v in kwargs.items()), lambda n=names, k=kwargs: expect_raise(lambda: OptimizerConfig(**k), n)
+    base = OptimizerConfig(lr=1e-3)
+    for field, value in (("lr", NAN), ("adam_beta1", 1.5), ("hysteresis", 1.5), ("optimizer", "nope"), ("clip_grad", -INF)):
+        yield f"replace:{field}={value}", lambda f=field, v=value: expect_raise(lambda: base.replace(**{f: v}), (f,))
+    mutations = [("lr", NAN, "adam"), ("lr", -1.0, "adam"), ("lr", "abc", "adam"), ("weight_decay", INF, "adam"),
+                 ("adam_beta1", 1.5, "adam"), ("adam_eps", 0.0, "adam"), ("clip_grad", NAN, "adam"),
+                 ("optimizer", "nope", "adam"), ("sgd_momentum", -0.5, "sgd"), ("muon_num_ns_steps", 0, "muon"),
+                 ("lion_beta1", NAN, "lion"), ("soap_precondition_frequency", 0, "soap")]  # fmt: skip
+    for field, value, opt in mutations:
+        yield f"mutated:{opt}.{field}={value!r}", lambda f=field, v=value, o=opt: mutated_trial(f, v, o)
+
+
+# ---- 2. routing ------------------------------------------------------------------------------
+# Pass: ValueError (or TypeError, which OptimizerConfig itself uses for wrong types) whose message
+# names the offending rule (its "rule #k" / predicate name) or field; or, where the docs promise
+# one, the documented warning. Fail: an exception that names neither (a bare TypeError, KeyError,
+# AttributeError from deep inside), or nonsense accepted silently.
+
+BIAS = ParamKey(name="*.bias")
+
+
+def routed(overrides: Any, strict: bool = False, config: OptimizerConfig | None = None) -> Callable[[], Any]:
+    return lambda: get_optimizer(config or OptimizerConfig(lr=1e-3, weight_decay=0.1), Net(), overrides, strict=strict)
+
+
+def expect_warning(fn: Callable[[], Any], words: tuple[str, ...]) -> str | None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fn()
+        except Exception as error:  # noqa: BLE001
+            return f"raised {type(error).__name__} instead of warning: {short(error)}"
+    if any(all(w in str(c.message) for w in words) for c in caught):
+        return None
+    return f"no warning naming {words}; got {[short(c.message, 60) for c in caught]}"
+
+
+def raising(p: torch.Tensor) -> bool:
+    raise RuntimeError("predicate exploded")
+
+
+def routing_trials() -> Iterator[Trial]:
+    cases: list[tuple[str, Any, tuple[str, ...]]] = [("unknown-field", {BIAS: {"lrr": 1e-3}}, ("lrr",)),
+                                                     ("model-wide-field", {BIAS: {"clip_grad": 0.5}}, ("clip_grad",))]
+    base = OptimizerConfig(lr=1e-3, weight_decay=0.1)
+    cases.append(("model-wide-via-config", {BIAS: base.replace(clip_grad=0.5)}, ("clip_grad",)))
+    for field, values in {
+        "wd_mult": ("abc", None, [1], True, NAN, INF, -1.0, 10**400),
+        "lr": (NAN, INF, -1.0, "abc", None, True, [1], 10**400),
+        "max_lr": (NAN, INF, -1.0, "abc", None, True),
+        "min_lr": (NAN, -1.0, "abc"),
+        "start_wd": (-1.0, NAN, "abc"),
+        "end_wd": (NAN, INF, "abc"),
+        "weight_decay": (-1.0, NAN, "abc"),
+        "adam_beta1": (1.5, NAN),
+        "optimizer": ("nope", None, 3),
+    }.items():
+        for value in values:
+            cases.append((f"{field}={short(repr(value), 12)}", {BIAS: {field: value}}, (field,)))
+    cases += [
+        ("min_lr>lr", {BIAS: {"lr": 1e-3, "min_lr": 1e-2}}, ("min_lr",)),
+        ("min_lr>max_lr", {BIAS: {"max_lr": 1e-3, "min_lr": 1e-2}}, ("min_lr",)),
+        ("start_wd>end_wd", {BIAS: {"start_wd": 0.2, "end_wd": 0.1}}, ("start_wd", "end_wd")),
+        ("lr!=max_lr", {BIAS: {"lr": 1e-3, "max_lr": 2e-3}}, ("max_lr",)),
+        ("muon_num_ns_steps=1.5", {BIAS: {"optimizer": "muon", "muon_num_ns_steps": 1.5}}, ("muon_num_ns_steps",)),
+        ("soap_precondition_frequency=0", {BIAS: {"optimizer": "soap", "soap_precondition_frequency": 0}}, ("soap_precondition_frequency",)),
+        ("sgd_momentum=-0.1", {BIAS: {"optimizer": "sgd", "sgd_momentum": -0.1}}, ("sgd_momentum",)),
+        ("predicate-raises", {ParamKey(predicate=ParamPredicate("boom", raising)): {"lr": 1e-4}}, ("boom",)),
+        ("predicate-keyerror", {ParamKey(predicate=ParamPredicate("kerr", lambda p: {}["x"])): {"lr": 1e-4}}, ("kerr",)),
+        ("predicate-tensor", {ParamKey(predicate=ParamPredicate("tens", lambda p: p > 0)): {"lr": 1e-4}}, ("tens",)),
+        ("predicate-arity", {ParamKey(predicate=ParamPredicate("two", lambda p, n: True)): {"lr": 1e-4}}, ("two",)),
+        ("name-predicate-arity", {ParamKey(with_name_predicate=ParamWithNamePredicate("one", lambda p: True)): {"lr": 1e-4}}, ("one",)),
+        ("conflict-lr", {BIAS: {"lr": 1e-4}, ParamKey(name="body.0.*"): {"lr": 2e-4}}, ("rule #1",)),
+        ("conflict-wd_mult", {ParamKey(name="body.*"): {"wd_mult": 0.0}, BIAS: {"wd_mult": 0.5}}, ("rule #1",)),
+        ("conflict-optimizer", {ParamKey(name="*.weight"): {"optimizer": "sgd"}, ParamKey(name="body.2.*"): {"optimizer": "lion"}}, ("rule #1",)),
+        ("key-not-ParamKey", {"*.bias": {"lr": 1e-4}}, ("rule #0", "ParamKey")),
+        ("value-not-dict", {BIAS: 5}, ("rule #0",)),
+        ("value-list-of-pairs", {BIAS: [("lr", 1e-4)]}, ("rule #0",)),
+        ("overrides-is-list", [(BIAS, {"lr": 1e-4})], ("config_overrides",)),
+        ("overrides-is-str", "*.bias", ("config_overrides",)),
+    ]
+    for name, overrides, names in cases:
+        yield name, lambda o=overrides, n=names: expect_raise(routed(o), n)
+    yield "strict-no-match", lambda: expect_raise(routed({ParamKey(name="decoder.*"): {"lr": 1e-4}}, strict=True), ("rule #0",))
+    yield "precision-aware-group-sgd", lambda: expect_raise(
+        lambda: get_optimizer(OptimizerConfig(lr=1e-3, bf16=True, use_precision_aware_optimizer=True), Net().bfloat16(),
+                              {BIAS: {"optimizer": "sgd"}}), ("rule #0", "optimizer"))  # fmt: skip
+    yield "ParamKey(name=5)", lambda: expect_raise(lambda: ParamKey(name=5), ("name",))  # type: ignore[arg-type]
+    yield "ParamKey(role='nope')", lambda: expect_raise(lambda: ParamKey(role="nope"), ("role",))
+    yield "ParamKey(exclude=ParamKey())", lambda: expect_raise(lambda: ParamKey(name="*", exclude=ParamKey()), ("exclude",))
+    yield "ParamKey(predicate=lambda)", lambda: expect_raise(lambda: ParamKey(predicate=lambda p: True), ("predicate",))  # type: ignore[arg-type]
+    # Documented warnings, not errors:
+    yield "warn:no-match", lambda: expect_warning(routed({ParamKey(name="decoder.*"): {"lr": 1e-4}}), ("rule #0", "matched no parameter"))
+    def same_name_predicates() -> Any:  # built inside the trial: the dict compares the keys (and warns)
+        a, b = ParamPredicate("dup", lambda p: p.ndim == 1), ParamPredicate("dup", lambda p: p.ndim == 2)
+        return routed({ParamKey(predicate=a): {"lr": 1e-4}, ParamKey(predicate=b): {"lr": 2e-4}})()
+
+    yield "warn:same-name-predicates", lambda: expect_warning(same_name_predicates, ("dup",))
+    yield "warn:decoupled_lr-unused", lambda: expect_warning(
+        routed({BIAS: {"wd_mult": 0.0}}, config=OptimizerConfig(lr=1e-3, decoupled_lr=1e-4)), ("decoupled_lr",))
+
+
+# ---- 3. step faults --------------------------------------------------------------------------
+# NaN/inf grads: step() == (False, None, None), params and state_dict (except the grad scaler,
+# documented to move) bit-identical, and the next clean step works. No grad on one param: that
+# param and its state untouched (torch's rule, and optzoo's docs), the rest stepped. Transposed
+# (non-contiguous) grads: same result as contiguous ones (<= 1e-6). Zero-size params: build and
+# step like any other, non-empty params change, nothing turns NaN.
+
+
+def clean_step_ok(model: nn.Module, opt: Any, seed: int) -> str | None:
+    before, main_before = [p.detach().clone() for p in model.parameters()], mains(opt)
+    set_grads(model, opt, seed)
+    result = opt.step()
+    if not (isinstance(result, tuple) and len(result) == 3 and result[0] is True):
+        return f"clean step returned {short(result, 60)}"
+    if result[1] is not None and not math.isfinite(result[1]):
+        return f"clean step grad_norm {result[1]}"
+    main_after = mains(opt)
+    stale = [i for i, (a, b) in enumerate(zip(main_before, main_after)) if a.numel() and torch.equal(a, b)]
+    if stale:
+        return f"clean step left main params #{stale} unchanged"
+    if all(torch.equal(a, b) for a, b in zip(before, model.parameters())):
+        return "clean step changed no model param"
+    if any(not torch.isfinite(p).all() for p in model.parameters()):
+        return "clean step produced non-finite params"
+    return None
+
+
+def poison(model: nn.Module, value: float, which: str) -> None:
+    params = dict(model.named_parameters())
+    params[which].grad.view(-1)[0] = value
+
+
+def fault_trial(opt_name: str, dtype: str, fault: str) -> str | None:
+    seed = seed_from(f"{opt_name}/{dtype}/{fault}")
+    if fault == "transposed":
+        return transposed_trial(opt_name, dtype, seed)
+    model, opt = make(opt_name, dtype, seed, empty=fault == "zerosize")
+    if reason := clean_step_ok(model, opt, seed + 1):  # warm-up: state exists before the fault
+        return f"warm-up: {reason}"
+    opt.zero_grad()
+    if fault in ("nan", "inf"):
+        set_grads(model, opt, seed + 2)
+        # NaN in a matrix (Muon/SOAP side), inf in a LayerNorm bias (the scalar optimizer's side)
+        poison(model, NAN if fault == "nan" else INF, "body.0.weight" if fault == "nan" else "body.1.bias")
+        before = snapshot(model, opt)
+        result = opt.step()
+        if result != (False, None, None):
+            return f"{fault} step returned {short(result, 60)}"
+        if reason := unchanged(model, opt, before, ignore=("grad_scaler",)):
+            return f"{fault} step changed {reason}"
+        opt.zero_grad()
+        return (f"after {fault}: " + r) if (r := clean_step_ok(model, opt, seed + 3)) else None
+    if fault == "allnograd":  # nothing to step: whatever step() returns, nothing may change
+        before = snapshot(model, opt)
+        opt.step()
+        return (f"step without grads changed {r}") if (r := unchanged(model, opt, before, ignore=("grad_scaler",))) else None
+    if fault == "nograd":
+        name = "body.2.weight"
+        param = dict(model.named_parameters())[name]
+        kept, kept_state = param.detach().clone(), copy.deepcopy(opt.state_dict()["state"].get(name))
+        set_grads(model, opt, seed + 2, skip=(name,))
+        result = opt.step()
+        if not result[0]:
+            return f"step returned {short(result, 60)}"
+        if not torch.equal(kept, param.detach()):
+            return f"param without grad `{name}` changed"
+        if d := first_difference(kept_state, opt.state_dict()["state"].get(name), f"state[{name!r}]"):
+            return f"state of param without grad changed: {d}"
+        return None
+    if fault == "zerosize":
+        if any(p.numel() == 0 and not torch.equal(p, torch.zeros(p.shape, dtype=p.dtype)) for p in model.parameters()):
+            return "zero-size param changed shape"
+        set_grads(model, opt, seed + 2)
+        poison(model, NAN, "body.0.weight")
+        before = snapshot(model, opt)
+        if opt.step() != (False, None, None) or (r := unchanged(model, opt, before, ignore=("grad_scaler",))):
+            return "NaN step with zero-size params not skipped cleanly"
+        return None
+    raise AssertionError(fault)
+
+
+def transposed_trial(opt_name: str, dtype: str, seed: int) -> str | None:
+    (m1, o1), (m2, o2) = make(opt_name, dtype, seed), make(opt_name, dtype, seed)
+    for step in range(2):
+        set_grads(m1, o1, seed + step)
+        set_grads(m2, o2, seed + step)
+        for p in m2.parameters():  # same values, transposed storage: p.grad.is_contiguous() is False
+            if p.grad is not None and p.grad.dim() == 2:
+                p.grad = p.grad.t().contiguous().t()
+        r1, r2 = o1.step(), o2.step()
+        if r1[0] is not True or r2[0] is not True:
+            return f"step {step}: {r1} vs {r2}"
+    worst = max(float((a.float() - b.float()).abs().max()) for a, b in zip(m1.parameters(), m2.parameters()))
+    return None if worst <= 1e-6 else f"transposed grads give params differing by {worst:.3g}"
+
+
+def hf_trial(opt_name: str, dtype: str, fault: str) -> str | None:
+    seed = seed_from(f"hf/{opt_name}/{dtype}/{fault}")
+    torch.manual_seed(seed)
+    model = hf_gpt2().to(DTYPES[dtype][0])
+    opt = get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt_name, **DTYPES[dtype][1]), model)
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))
+    before, main_before = [p.detach().clone() for p in model.parameters()], mains(opt)
+    opt.scale_loss(model(tokens, labels=tokens).loss.float()).backward()
+    if fault == "nan":
+        model.transformer.h[0].attn.c_attn.weight.grad[0, 0] = NAN
+        state = copy.deepcopy(opt.state_dict())
+        if (r := opt.step()) != (False, None, None):
+            return f"NaN step returned {short(r, 60)}"
+        return unchanged(model, opt, (before, state), ignore=("grad_scaler",))
+    if (r := opt.step())[0] is not True:
+        return f"clean step returned {short(r, 60)}"
+    stale = [i for i, (a, b) in enumerate(zip(main_before, mains(opt))) if torch.equal(a, b)]
+    return f"main params #{stale} unchanged by a clean step" if stale else None
+
+
+def step_trials() -> Iterator[Trial]:
+    for opt in OPTIMIZERS:
+        for dtype in DTYPES:
+            for fault in ("nan", "inf", "nograd", "allnograd", "transposed", "zerosize"):
+                yield f"{opt}/{dtype}/{fault}", lambda o=opt, d=dtype, f=fault: fault_trial(o, d, f)
+            if dtype != "fp16":  # fp16 GPT-2 on CPU is not a configuration anyone runs
+                for fault in ("clean", "nan"):
+                    yield f"hf-gpt2/{opt}/{dtype}/{fault}", lambda o=opt, d=dtype, f=fault: hf_trial(o, d, f)
+
+
+# ---- 4. checkpoints --------------------------------------------------------------------------
+# Round trip through torch.save/torch.load(weights_only=True) into a fresh optimizer: bitwise
+# equal state_dict, then one more step on both gives bitwise equal params. Every foreign or
+# damaged checkpoint: ValueError naming the key (or the parameter), raised before anything
+# changes (the target's params and state_dict compared bit for bit before and after).
+
+
+def trained(opt_name: str, dtype: str, seed: int, **net: Any) -> tuple[nn.Module, Any]:
+    model, opt = make(opt_name, dtype, seed, **net)
+    for k in range(2):
+        set_grads(model, opt, seed + k)
+        assert opt.step()[0], "setup step failed"
+        opt.zero_grad()
+    return model, opt
+
+
+def saved(opt: Any) -> dict[str, Any]:
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def roundtrip_trial(opt_name: str, dtype: str) -> str | None:
+    seed = seed_from(f"roundtrip/{opt_name}/{dtype}")
+    model_a, opt_a = trained(opt_name, dtype, seed)
+    try:
+        checkpoint = saved(opt_a)
+    except Exception as error:  # noqa: BLE001
+        return f"torch.load(weights_only=True) failed: {type(error).__name__}: {short(error)}"
+    model_b, _ = make(opt_name, dtype, seed + 99)
+    model_b.load_state_dict(model_a.state_dict())
+    opt_b = get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt_name, **DTYPES[dtype][1]), model_b)
+    opt_b.load_state_dict(checkpoint)
+    if d := first_difference(opt_a.state_dict(), opt_b.state_dict(), "state_dict"):
+        return f"after load: {d}"
+    for m, o in ((model_a, opt_a), (model_b, opt_b)):
+        set_grads(m, o, seed + 7)
+        o.step()
+    if d := first_difference(list(model_a.parameters()), list(model_b.parameters()), "params after step"):
+        return d
+    return first_difference(mains(opt_a), mains(opt_b), "main params after step")
+
+
+def load_refused(opt_name: str, dtype: str, checkpoint: Any, names: tuple[str, ...]) -> str | None:
+    target_model, target = trained(opt_name, dtype, seed_from(f"target/{opt_name}/{dtype}"))
+    before = snapshot(target_model, target)
+    if reason := expect_raise(lambda: target.load_state_dict(checkpoint), names, (ValueError,)):
+        return reason
+    return (f"changed before raising: {r}") if (r := unchanged(target_model, target, before)) else None
+
+
+def damaged(opt_name: str, dtype: str, how: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A damaged copy of a fresh checkpoint, and the names its error should contain (any one)."""
+    sd = copy.deepcopy(trained(opt_name, dtype, seed_from(f"source/{opt_name}/{dtype}"))[1].state_dict())
+    first = next(iter(sd["state"]))
+    entry, group = sd["state"][first], sd["param_groups"][0]
+    moment = next(k for k, v in entry.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim())
+    if how.startswith("del:"):
+        del sd[how[4:]]
+        return sd, (how[4:],)
+    if how.startswith("group:"):  # a hyperparameter of group 0: "group:lr=nan"
+        key, _, text = how[6:].partition("=")
+        group[key] = {"nan": NAN, "-1": -1.0, "'abc'": "abc", "None": None, "'nope'": "nope"}[text]
+        return sd, (key,)
+    if how == "format=v0":
+        sd["format"] = "optzoo.chained.v0"
+        return sd, ("format",)
+    if how in ("state=list", "param_groups=dict"):
+        key = how.partition("=")[0]
+        sd[key] = [] if key == "state" else {}
+        return sd, (key,)
+    if how == "param_names=None":
+        group["param_names"] = None
+        return sd, ("param_names",)
+    if how == "state-entry=5":
+        sd["state"][first] = 5
+        return sd, (first,)
+    if how in ("nan-moment", "inf-moment"):
+        entry[moment].view(-1)[0] = NAN if how == "nan-moment" else INF
+        return sd, (moment,)
+    if how == "moment-wrong-shape":
+        entry[moment] = torch.zeros(3)
+        return sd, (first, moment)
+    if how == "negative-step":  # a tensor step where torch keeps one (added where there is none)
+        entry["step"] = -1 if "step" in entry and not isinstance(entry["step"], torch.Tensor) else torch.tensor(-1.0)
+        return sd, ("step",)
+    if how == "unknown-param-state":
+        sd["state"]["ghost.weight"] = dict(entry)
+        return sd, ("ghost.weight",)
+    if how == "param_shapes-wrong":
+        sd["param_shapes"][first] = [1]
+        return sd, (first,)
+    if how == "main_param-nan":  # a diverged fp32 main copy would load NaN weights
+        sd["main_params"][first].view(-1)[0] = NAN
+        return sd, (first, "main_params")
+    if how == "scaler-scale-nan":
+        sd["grad_scaler"]["scale"] = torch.tensor([NAN])
+        return sd, ("scale",)
+    if how == "scaler-missing-key":
+        del sd["grad_scaler"]["growth_tracker"]
+        return sd, ("growth_tracker",)
+    raise AssertionError(how)
+
+
+DAMAGES = ("del:state", "del:param_groups", "del:format", "del:main_params", "format=v0", "state=list",
+           "param_groups=dict", "param_names=None", "state-entry=5", "nan-moment", "inf-moment", "moment-wrong-shape",
+           "negative-step", "group:lr=nan", "group:lr=-1", "group:lr='abc'", "group:weight_decay=None",
+           "group:weight_decay=nan", "group:optimizer='nope'", "unknown-param-state", "param_shapes-wrong")  # fmt: skip
+DAMAGES_16 = ("main_param-nan",)  # bf16/fp16 only: fp32 models have no main copies
+DAMAGES_FP16 = ("scaler-scale-nan", "scaler-missing-key")  # fp16 only: the dynamic scaler
+
+
+def damaged_trial(opt_name: str, dtype: str, how: str) -> str | None:
+    checkpoint, names = damaged(opt_name, dtype, how)
+    return load_refused(opt_name, dtype, checkpoint, names)
+
+
+def foreign_trial(opt_name: str, dtype: str, kind: str) -> str | None:
+    seed = seed_from(f"foreign/{kind}/{opt_name}/{dtype}")
+    if kind == "shapes":
+        source = trained(opt_name, dtype, seed, hidden=24)[1]
+    elif kind == "names":
+        source = trained(opt_name, dtype, seed, prefix="trunk")[1]
+    elif kind == "dtype":
+        other = {"fp32": "bf16", "bf16": "fp16", "fp16": "fp32"}[dtype]
+        source = trained(opt_name, other, seed)[1]
+    else:  # another optimizer
+        source = trained(OPTIMIZERS[(OPTIMIZERS.index(opt_name) + 1) % len(OPTIMIZERS)], dtype, seed)[1]
+    names = {"shapes": ("shape",), "names": ("names", "body."), "dtype": ("main params", "scaler", "fp16", "bf16"),
+             "optimizer": ("optimizer", "param group")}[kind]  # fmt: skip
+    return load_refused(opt_name, dtype, copy.deepcopy(source.state_dict()), names)
+
+
+def checkpoint_trials() -> Iterator[Trial]:
+    for opt in OPTIMIZERS:
+        for dtype in DTYPES:
+            yield f"{opt}/{dtype}/roundtrip", lambda o=opt, d=dtype: roundtrip_trial(o, d)
+            for kind in ("shapes", "names", "dtype", "optimizer"):
+                yield f"{opt}/{dtype}/foreign-{kind}", lambda o=opt, d=dtype, k=kind: foreign_trial(o, d, k)
+            for how in DAMAGES + (DAMAGES_16 if dtype != "fp32" else ()) + (DAMAGES_FP16 if dtype == "fp16" else ()):
+                yield f"{opt}/{dtype}/{how}", lambda o=opt, d=dtype, h=how: damaged_trial(o, d, h)
+
+
+# ---- 5. scheduler ----------------------------------------------------------------------------
+# Wrong-typed or out-of-range arguments: ValueError/TypeError naming the argument, raised before
+# anything changes (step(bad) leaves num_steps and every group's lr as they were).
+
+SCHED = dict(init_lr=0.0, max_lr=1e-3, min_lr=1e-4, lr_warmup_steps=2, lr_decay_steps=10, lr_decay_style="cosine",
+             start_wd=0.0, end_wd=0.1, wd_incr_steps=10, wd_incr_style="linear")  # fmt: skip
+WSD = dict(lr_decay_style="WSD", wsd_decay_steps=4, lr_wsd_decay_style="linear")
+
+
+def scheduler(**changes: Any) -> OptimizerParamScheduler:
+    model = Net()
+    return OptimizerParamScheduler(get_optimizer(OptimizerConfig(lr=1e-3), model), **{**SCHED, **changes})
+
+
+def step_refused(increment: Any) -> str | None:
+    sched = scheduler()
+    sched.step(3)
+    lrs = [g["lr"] for g in sched.optimizer.param_groups]
+    if reason := expect_raise(lambda: sched.step(increment), ("increment", "step")):
+        return reason
+    if sched.num_steps != 3 or lrs != [g["lr"] for g in sched.optimizer.param_groups]:
+        return "changed num_steps or lr before raising"
+    return None
+
+
+def scheduler_trials() -> Iterator[Trial]:
+    floats = ("abc", None, NAN, INF, -INF, -1.0, True, [1], 10**400)
+    steps = ("abc", None, NAN, INF, -1, 1.5, True, [1], "5")
+    styles = ("abc", None, 1, "Cosine")
+    flags = ("abc", None, 1.5)
+    table = {**{k: floats for k in ("init_lr", "max_lr", "min_lr", "start_wd", "end_wd")},
+             **{k: steps for k in ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")},
+             "lr_decay_style": styles, "wd_incr_style": styles,
+             "use_checkpoint_opt_param_scheduler": flags, "override_opt_param_scheduler": flags}  # fmt: skip
+    for arg, values in table.items():
+        for value in values:
+            yield f"{arg}={short(repr(value), 12)}", lambda a=arg, v=value: expect_raise(lambda: scheduler(**{a: v}), (a,))
+    for arg, values in (("wsd_decay_steps", ("abc", NAN, -1, 1.5, True)), ("lr_wsd_decay_style", styles)):
+        for value in values:
+            yield f"WSD:{arg}={short(repr(value), 12)}", lambda a=arg, v=value: expect_raise(lambda: scheduler(**{**WSD, a: v}), (a,))
+    for value in ("1", NAN, -1, 1.5, True, None, INF, [1]):
+        yield f"step({short(repr(value), 12)})", lambda v=value: step_refused(v)
+    for key, value in (("num_steps", -1), ("num_steps", "abc"), ("num_steps", 1.5), ("max_lr", NAN), ("lr_decay_style", "abc"),
+                       ("lr_decay_steps", -5), ("min_lr", "abc"), ("wd_incr_style", None)):  # fmt: skip
+        def load(k: str = key, v: Any = value) -> str | None:
+            sched = scheduler(use_checkpoint_opt_param_scheduler=True)
+            state = {**sched.state_dict(), k: v}
+            return expect_raise(lambda: scheduler(use_checkpoint_opt_param_scheduler=True).load_state_dict(state), (k,))
+        yield f"load_state_dict:{key}={value!r}", load
+    yield "load_state_dict:missing-num_steps", lambda: expect_raise(
+        lambda: scheduler().load_state_dict({k: v for k, v in scheduler().state_dict().items() if k != "num_steps"}),
+        ("num_steps",), (KeyError, ValueError))  # KeyError for a missing key is documented
+    yield "load_state_dict:None", lambda: expect_raise(lambda: scheduler().load_state_dict(None), ("state_dict",))  # type: ignore[arg-type]
+
+
+# ---- 6. CLI ----------------------------------------------------------------------------------
+# Every bad invocation: exit status 2, no traceback, and stderr's last line starts with
+# "optzoo: error:" (docs/cli.md, "Output streams and exit codes"). Run as `python -m optzoo.cli`
+# (pyproject's entry point is optzoo.cli:main), two at a time.
+
+CLI_MODULES = {  # --model package.module:callable targets, on PYTHONPATH
+    "raising.py": "def build():\n    raise RuntimeError('model boom')\n",
+    "syntaxerr.py": "def build(:\n    pass\n",
+    "importraise.py": "raise RuntimeError('boom at import')\n",
+    "exits.py": "import sys\ndef build():\n    sys.exit(3)\n",
+    "recursive.py": "def build():\n    return build()\n",
+    "frozen.py": "import torch\ndef build():\n    return torch.nn.Linear(2, 2).requires_grad_(False)\n",
+    "notmodule.py": "def build():\n    return 42\n",
+    "badjson/config.json": "{not json",
+}
+CLI_CONFIGS = {  # --config files, each bad in its own way
+    "bad.toml": "[config\nlr = ",
+    "strlr.toml": '[config]\nlr = "3e-4"\n',
+    "nanlr.toml": "[config]\nlr = nan\n",
+    "neglr.toml": "[config]\nlr = -1.0\n",
+    "unknownfield.toml": "[config]\nlrr = 1e-3\n",
+    "unknowntop.toml": "[confg]\nlr = 1e-3\n",
+    "emptyset.toml": '[config]\nlr = 1e-3\n[[overrides]]\nname = "*.bias"\nset = {}\n',
+    "badwdmult.toml": '[config]\nlr = 1e-3\n[[overrides]]\nname = "*.bias"\nset = { wd_mult = "abc" }\n',
+    "conflict.toml": '[config]\nlr = 1e-3\n[[overrides]]\nname = "*.bias"\nset = { lr = 1e-4 }\n'
+                     '[[overrides]]\nname = "decoder.*"\nset = { lr = 2e-4 }\n',
+    "namenotstr.toml": '[config]\nlr = 1e-3\n[[overrides]]\nname = 5\nset = { wd_mult = 0.0 }\n',
+    "badpredicate.toml": '[config]\nlr = 1e-3\n[[overrides]]\npredicate = "nope"\nset = { wd_mult = 0.0 }\n',
+    "bad.yaml": "config: [unclosed\n",
+    "list.yaml": "- 1\n- 2\n",
+    "nanlr.yaml": "config:\n  lr: .nan\n",
+    "binary.toml": b"\xff\xfe\x00\x81lr",
+    "raise.py": "raise RuntimeError('config boom')\n",
+    "syntax.py": "config = (\n",
+    "noconfig.py": "x = 1\n",
+    "exit.py": "import sys\nsys.exit(0)\n",
+}  # fmt: skip
+
+
+def cli_cases(tmp: str) -> list[tuple[str, list[str]]]:
+    dump = ["dump-param-groups", "--model", "gpt"]
+    cases = [(f"config:{name}", [*dump, "--config", os.path.join(tmp, name)]) for name in CLI_CONFIGS]
+    cases += [
+        ("config:missing", [*dump, "--config", "/nonexistent/cfg.toml"]),
+        ("config:directory", [*dump, "--config", tmp]),
+        ("config:under-a-file", [*dump, "--config", os.path.join(tmp, "bad.toml", "x.toml")]),
+        ("config:over-long-path", [*dump, "--config", "x" * 5000 + ".toml"]),
+        ("config:unknown-recipe", [*dump, "--config", "muon-llmx"]),
+        ("model:raises", ["dump-param-groups", "--model", "raising:build"]),
+        ("model:syntax-error", ["dump-param-groups", "--model", "syntaxerr:build"]),
+        ("model:raises-at-import", ["lint", "--model", "importraise:build"]),
+        ("model:sys.exit", ["dump-param-groups", "--model", "exits:build"]),
+        ("model:recursion", ["dump-param-groups", "--model", "recursive:build"]),
+        ("model:no-trainable-params", ["dump-param-groups", "--model", "frozen:build"]),
+        ("model:returns-int", ["dump-param-groups", "--model", "notmodule:build"]),
+        ("model:missing-module", ["dump-param-groups", "--model", "no_such_module_xyz:build"]),
+        ("model:missing-attr", ["dump-param-groups", "--model", "raising:nope"]),
+        ("model:not-callable", ["dump-param-groups", "--model", "os:sep"]),
+        ("model:typo", ["dump-param-groups", "--model", "gtp"]),
+        ("model:hf-unknown-class", ["dump-param-groups", "--model", "hf:NoSuchConfigXyz"]),
+        ("model:hf-bad-json", ["dump-param-groups", "--model", f"hf:{os.path.join(tmp, 'badjson', 'config.json')}"]),
+        ("world-size:10**30", [*dump, "--world-size", str(10**30)]),
+        ("world-size:0", [*dump, "--world-size", "0"]),
+        ("world-size:abc", [*dump, "--world-size", "abc"]),
+        ("distributed-mode-alone", [*dump, "--distributed-mode", "sharded"]),
+        ("expert-world-size:3of4", [*dump, "--world-size", "4", "--expert-world-size", "3"]),
+        ("demo:steps=-1", ["demo", "--steps", "-1"]),
+        ("demo:steps=abc", ["demo", "--steps", "abc"]),
+        ("no-subcommand", []),
+        ("unknown-subcommand", ["frobnicate"]),
+        ("dump-without-model", ["dump-param-groups"]),
+    ]
+    return cases
+
+
+def run_cli(argv: list[str], tmp: str) -> str | None:
+    env = {**os.environ, "PYTHONPATH": tmp, "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "optzoo.cli", *argv], capture_output=True, text=True, env=env,
+                              timeout=90, cwd=tmp, errors="replace")  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "timed out after 90 s"
+    lines = proc.stderr.strip().splitlines()
+    last = lines[-1] if lines else ""
+    if "Traceback" in proc.stderr:
+        return f"exit {proc.returncode} with a traceback ending: {short(last, 100)}"
+    if proc.returncode != 2:
+        return f"exit {proc.returncode} (expected 2); stderr: {short(last, 100)}"
+    if not last.startswith("optzoo: error:"):
+        return f"last stderr line: {short(last, 100)}"
+    return None
+
+
+# ---- driver ----------------------------------------------------------------------------------
+
+CATEGORIES: dict[str, Callable[[], Iterator[Trial]]] = {
+    "config": config_trials, "routing": routing_trials, "step": step_trials,
+    "checkpoint": checkpoint_trials, "scheduler": scheduler_trials,
+}  # fmt: skip
+
+
+def selected(category: str, name: str, quick: bool) -> bool:
+    return not quick or seed_from(f"{category}/{name}") % 10 == 0
+
+
+def run_trial(run: Callable[[], str | None], seed: int) -> str | None:
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # routing lint, Newton-Schulz, transformers: noise here
+        try:
+            return run()
+        except Exception as error:  # noqa: BLE001 - an exception escaping a trial is a finding
+            return f"unexpected {type(error).__name__}: {short(error)}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="run the ~10%% of trials whose name hashes to 0 mod 10")
+    parser.add_argument("--only", nargs="+", choices=[*CATEGORIES, "cli"], help="run these categories only")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)  # optzoo and transformers log notices we do not grade
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    results: list[tuple[str, str, str | None]] = []
+    timings: dict[str, float] = {}
+    for category, generate in CATEGORIES.items():
+        if args.only and category not in args.only:
+            continue
+        start = time.perf_counter()
+        for name, run in generate():
+            if selected(category, name, args.quick):
+                results.append((category, name, run_trial(run, seed_from(f"{category}/{name}"))))
+        timings[category] = time.perf_counter() - start
+    if not args.only or "cli" in args.only:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, content in {**CLI_MODULES, **CLI_CONFIGS}.items():
+                path = os.path.join(tmp, name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(content if isinstance(content, bytes) else content.encode())
+            cases = [(n, a) for n, a in cli_cases(tmp) if selected("cli", n, args.quick)]
+            with ThreadPoolExecutor(max_workers=2) as pool:  # subprocesses: two at a time on 2 cores
+                outcomes = list(pool.map(lambda case: run_cli(case[1], tmp), cases))
+            results += [("cli", name, outcome) for (name, _), outcome in zip(cases, outcomes)]
+        timings["cli"] = time.perf_counter() - start
+
+    rows = []
+    for category in timings:
+        mine = [r for r in results if r[0] == category]
+        failed = sum(r[2] is not None for r in mine)
+        rows.append([category, len(mine), len(mine) - failed, failed, f"{timings[category]:.1f}"])
+    failures = [r for r in results if r[2] is not None]
+    rows.append(["TOTAL", len(results), len(results) - len(failures), len(failures), f"{sum(timings.values()):.1f}"])
+    print(f"optzoo campaign ({'quick, ' if args.quick else ''}torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    print(tabulate(rows, headers=["category", "trials", "pass", "fail", "seconds"], tablefmt="github"))
+    if failures:
+        print("\nfailing trials:")
+        for category, name, reason in failures:
+            print(f"  {category}/{name}: {reason}")
+    print(f"\nFAILURES: {len(failures)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
