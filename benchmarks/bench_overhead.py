@@ -94,7 +94,8 @@ def _copies_floor(model: nn.Module) -> Callable[[], object]:
         for main, grad in zip(mains, grads16, strict=True):
             main.grad = grad.float()
         opt.step()
-        torch._foreach_copy_(params16, mains)
+        with torch.no_grad():
+            torch._foreach_copy_(params16, mains)
 
     return step
 
