@@ -237,6 +237,9 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
             "decoupled_weight_decay": decoupled_weight_decay, "fused": fused, "foreach": foreach,
         }
         super().__init__(params, defaults)
+        # torch's GradScaler protocol: ``step`` divides each gradient by ``self.grad_scale`` (a
+        # 1-element tensor) when it is set, in the fused kernel or as it upcasts the gradient.
+        self._step_supports_amp_scaling = True
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         where = f"param group #{index}"
@@ -311,21 +314,26 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         exp_avg = state["exp_avg"].to(compute)  # .to returns the tensor itself when no cast is needed
         exp_avg_sq = state["exp_avg_sq"].to(compute)
         beta1, beta2 = group["betas"]
+        grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
+        compute_grad = grad.to(compute)
+        if grad_scale is not None and not group["fused"]:
+            compute_grad = torch.div(compute_grad, grad_scale.to(compute_grad.device))
         if group["fused"] or group["foreach"]:
             if group["fused"] and state["step"].device != param.device:  # saved by a non-fused group
                 state["step"] = state["step"].to(param.device)
             # One-element lists: torch's kernel, the transient fp32 master of one param at a time.
             # It adds 1 to ``step`` itself; grads are read, never written (maximize=False).
             torch_adam(
-                [master], [grad.to(compute)], [exp_avg], [exp_avg_sq], [], [state["step"]],
+                [master], [compute_grad], [exp_avg], [exp_avg_sq], [], [state["step"]],
                 foreach=group["foreach"], fused=group["fused"], decoupled_weight_decay=group["decoupled_weight_decay"],
+                grad_scale=grad_scale if group["fused"] else None,
                 amsgrad=False, beta1=beta1, beta2=beta2, lr=float(group["lr"]), weight_decay=group["weight_decay"],
                 eps=group["eps"], maximize=False,
             )
         else:
             state["step"] += 1
             adam_update_(
-                master, grad.to(compute), exp_avg, exp_avg_sq, step=state["step"].item(), lr=float(group["lr"]),
+                master, compute_grad, exp_avg, exp_avg_sq, step=state["step"].item(), lr=float(group["lr"]),
                 beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                 decoupled_weight_decay=group["decoupled_weight_decay"],
             )

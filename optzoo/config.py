@@ -249,6 +249,11 @@ class OptimizerConfig:
     """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
     log_num_zeros_in_grad: bool = False
     """Count zero gradient elements at each step (returned by ``step``)."""
+    fold_clip_and_scale: bool = True
+    """An optzoo extension: the clip coefficient and the loss scale reach each gradient as one
+    factor, inside the fused kernels (torch's ``grad_scale``) or in one pass, after one norm pass
+    that also detects inf/NaN. Each gradient element is then rounded once where Megatron's
+    separate unscale and clip passes round it twice. False: those separate passes, bit for bit."""
     barrier_with_L1_time: bool = False
     """Pass ``barrier=True`` to level-1 ``timers`` (only with ``timers``)."""
     timers: Callable[..., Any] | None = None

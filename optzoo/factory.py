@@ -222,6 +222,7 @@ def _wrap(
     options = StepOptions(
         clip_grad=config.clip_grad,
         log_num_zeros_in_grad=config.log_num_zeros_in_grad,
+        fold_clip_and_scale=config.fold_clip_and_scale,
         timers=config.timers,
         barrier_with_L1_time=config.barrier_with_L1_time,
     )

@@ -34,8 +34,10 @@ __all__ = [
     "count_zeros",
     "find_inf_and_unscale_",
     "global_grad_norm",
+    "grad_factors",
     "main_params_to_model_params",
     "model_grads_to_main_grads",
+    "norm_and_check",
 ]
 
 
@@ -63,18 +65,21 @@ def _model_grad(entry: ParamEntry, param_map: ParamMap) -> torch.Tensor | None:
     return grad
 
 
-def model_grads_to_main_grads(param_map: ParamMap) -> list[torch.Tensor]:
+def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Put each local param's gradient where its inner optimizer reads it; returns the main grads.
 
     Every gradient is checked before any is moved, so a bad one changes nothing. A 16-bit model
-    gradient that was copied is dropped (its fp32 copy replaces it).
+    gradient that was copied is dropped (its fp32 copy replaces it). With ``buffers`` (kept by the
+    caller between steps, keyed by entry position) the fp32 copies are written into the same
+    tensors every step, in one foreach copy, instead of fresh allocations.
 
     Raises:
         ValueError: A gradient is sparse, or ``main_grad`` is missing where it is the source.
     """
     found = [(entry, _model_grad(entry, param_map)) for entry in param_map.local]
     main_grads = []
-    for entry, full_grad in found:
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for position, (entry, full_grad) in enumerate(found):
         main = entry.main
         assert main is not None  # local entries have one
         grad = None if full_grad is None else part_of(full_grad, entry.part)
@@ -97,10 +102,21 @@ def model_grads_to_main_grads(param_map: ParamMap) -> list[torch.Tensor]:
         elif entry.grad_target == "shared":
             main.grad = grad  # fp32: in place (main_grad is aliased, as Megatron does)
             main_grads.append(grad)
-        else:
+        elif buffers is None or isinstance(grad, DTensor):
             main.grad = grad.float()
             main_grads.append(main.grad)
             entry.model.grad = None  # the low-precision copy is no longer needed
+        else:
+            buffer = buffers.get(position)
+            if buffer is None or buffer.shape != main.shape or buffer.device != main.device:
+                buffer = buffers[position] = torch.empty_like(main, dtype=torch.float32)
+            copies.append((buffer, grad))
+            main.grad = buffer
+            main_grads.append(buffer)
+            entry.model.grad = None
+    if copies:
+        destinations, sources = zip(*copies, strict=True)
+        torch._foreach_copy_(list(destinations), list(sources))
     return main_grads
 
 
@@ -174,6 +190,49 @@ def find_inf_and_unscale_(
     return not math.isfinite(value), norm, value
 
 
+def norm_and_check(
+    grads: list[torch.Tensor], grad_scaler: MegatronGradScaler | None, group: dist.ProcessGroup | None, device: torch.device
+) -> tuple[bool, torch.Tensor | None, float | None]:
+    """One read pass over the still scaled gradients; returns ``(found_inf, norm, its value)``.
+
+    The global norm, unscaled by multiplying it by ``inv_scale``, is non-finite exactly when a
+    gradient element is inf or NaN, or when finite gradients overflow float32 in their sum of
+    squares (they would be clipped by 0 and still step): either way the step is skipped. Its
+    value is the step's one host read. The unscaled norm equals the norm of the unscaled
+    gradients bit for bit when the scale is a power of two (the dynamic scaler's always are).
+    """
+    if not grads and group is None:
+        return False, None, None
+    norm = global_grad_norm(grads, group, device)
+    if grad_scaler is not None:
+        norm = norm * grad_scaler.inv_scale
+    value = float(norm)
+    return not math.isfinite(value), norm, value
+
+
+def grad_factors(
+    norm: torch.Tensor | None, norm_value: float | None, grad_scaler: MegatronGradScaler | None, max_norm: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(multiplier, divisor)`` that bring every gradient to unscaled and clipped, or ``None``
+    when that factor is exactly 1 (no loss scale, and no clipping or a norm within ``max_norm``).
+
+    ``multiplier = coefficient / scale`` for a pass over the gradients; ``divisor = scale /
+    coefficient`` for torch's fused kernels, which divide by their ``grad_scale``. The coefficient
+    is Megatron's ``clamp(max_norm / (norm + 1e-6), max=1)``, computed on the device.
+    """
+    clipped = max_norm > 0.0 and norm is not None and norm_value is not None and max_norm / (norm_value + 1e-6) < 1.0
+    if grad_scaler is None and not clipped:
+        return None
+    if not clipped:
+        assert grad_scaler is not None
+        return grad_scaler.inv_scale.reshape(()), grad_scaler.scale.reshape(())
+    assert norm is not None
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0).reshape(())
+    if grad_scaler is None:
+        return coefficient, coefficient.double().reciprocal().float()
+    return (grad_scaler.inv_scale * coefficient).reshape(()), (grad_scaler.scale / coefficient).reshape(())
+
+
 def clip_by_global_norm_(grads: list[torch.Tensor], max_norm: float, norm: torch.Tensor, norm_value: float) -> float:
     """Scale by ``max_norm / (norm + 1e-6)`` where that is below 1 (Megatron's rule); returns the norm.
 
@@ -198,11 +257,20 @@ def count_zeros(grads: list[torch.Tensor], group: dist.ProcessGroup | None, devi
 
 
 def main_params_to_model_params(param_map: ParamMap) -> None:
-    """Copy each updated main param that is a copy (fp32 of a 16-bit param) into its model param."""
+    """Copy each updated main param that is a copy (fp32 of a 16-bit param) into its model param,
+    in one foreach copy (DTensor parts one by one)."""
+    models, mains = [], []
     for entry in param_map.local:
         if not entry.aliased:
             assert entry.main is not None  # local entries have one
-            entry.model_part.copy_(entry.main)
+            model_part = entry.model_part
+            if isinstance(model_part, DTensor) or isinstance(entry.main, DTensor):
+                model_part.copy_(entry.main)
+            else:
+                models.append(model_part)
+                mains.append(entry.main)
+    if models:
+        torch._foreach_copy_(models, mains)
 
 
 def clear_grads_(param_map: ParamMap, set_to_none: bool) -> None:

@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from optzoo._common import local_shard
 
 from optzoo.wrapper import grad_stages
 from optzoo.wrapper.param_map import ParamMap
@@ -48,6 +51,9 @@ class StepOptions:
     """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
     log_num_zeros_in_grad: bool = False
     """Count zero gradient elements (returned by ``step``)."""
+    fold_clip_and_scale: bool = True
+    """One norm pass, then the clip coefficient and the loss scale as one factor inside the fused
+    kernels (``OptimizerConfig.fold_clip_and_scale``); False: separate unscale and clip passes."""
     timers: Callable[..., Any] | None = None
     """Megatron-style timers: ``timers(name, log_level=1)`` gives an object with ``start(barrier=...)``
     and ``stop()``; the step's phases are timed with it."""
@@ -103,6 +109,15 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         device = first.device if first is not None else device or torch.device("cpu")
         self._one = torch.ones(1, dtype=torch.float32, device=device)
         self._found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+        self._grad_buffers: dict[int, torch.Tensor] = {}  # fp32 copies of 16-bit grads, reused every step
+        # Which inner optimizers divide by a grad_scale tensor in their kernel (torch's protocol for
+        # GradScaler: fused Adam, AdamW, SGD; the precision-aware Adam), and the params of the others.
+        self._takes_grad_scale = [
+            bool(getattr(opt, "_step_supports_amp_scaling", False))
+            and not any(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
+            for opt in self.optimizers
+        ]
+        self._params_of = [[p for g in opt.param_groups for p in g["params"]] for opt in self.optimizers]
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if not self._building:
@@ -185,8 +200,52 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
                 closure()
         group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
-            grads = grad_stages.model_grads_to_main_grads(self.param_map)
+            grads = grad_stages.model_grads_to_main_grads(self.param_map, self._grad_buffers)
         clipping = self.options.clip_grad > 0.0 and bool(grads or group is not None)
+        if not self.options.fold_clip_and_scale:
+            return self._step_in_passes(grads, clipping)
+        with self._timed("optimizer-unscale-and-check-inf"):
+            found_inf, norm, norm_value = grad_stages.norm_and_check(grads, self.grad_scaler, group, device)
+        if self.grad_scaler is not None:
+            self.grad_scaler.update(found_inf)
+        if found_inf:
+            return False, None, None
+        with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
+            factors = grad_stages.grad_factors(norm, norm_value, self.grad_scaler, self.options.clip_grad if clipping else 0.0)
+        num_zeros: int | None = None
+        if self.options.log_num_zeros_in_grad:  # zeros stay zeros under the positive factor
+            with self._timed("optimizer-count-zeros"):
+                num_zeros = grad_stages.count_zeros(grads, group, device)
+        with self._timed("optimizer-inner-step"):
+            for opt, takes_grad_scale, params in zip(self.optimizers, self._takes_grad_scale, self._params_of, strict=True):
+                self._inner_step(opt, takes_grad_scale, params, factors)
+        with self._timed("optimizer-copy-main-to-model-params"):
+            grad_stages.main_params_to_model_params(self.param_map)
+        return True, norm_value if clipping else None, num_zeros
+
+    @staticmethod
+    def _inner_step(
+        opt: torch.optim.Optimizer, takes_grad_scale: bool, params: list[torch.Tensor], factors: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> None:
+        """Step one inner optimizer with its gradients times ``factors``' multiplier: divided by
+        the divisor inside its kernel, or multiplied in one foreach pass first."""
+        if factors is None:
+            opt.step()
+        elif takes_grad_scale:
+            opt.grad_scale = factors[1]  # type: ignore[attr-defined]  # torch's GradScaler protocol
+            try:
+                opt.step()
+            finally:
+                del opt.grad_scale  # type: ignore[attr-defined]
+        else:
+            grads = [local_shard(p.grad) for p in params if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, factors[0])
+            opt.step()
+
+    def _step_in_passes(self, grads: list[torch.Tensor], clipping: bool) -> StepResult:
+        """Megatron's order of separate passes: unscale and check, clip, step (``fold_clip_and_scale=False``)."""
+        group, device = self.process_group, self._one.device
         with self._timed("optimizer-unscale-and-check-inf"):
             found_inf, norm, norm_value = grad_stages.find_inf_and_unscale_(
                 grads, self.grad_scaler, self._found_inf, group, with_norm=clipping

@@ -9,8 +9,8 @@ from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads, tiny_gpt, tokens, twin
 
 
-def test_clipping_equals_torch_clip_grad_norm_then_adamw(odd_model: torch.nn.Module) -> None:
-    config = OptimizerConfig(lr=1e-2, weight_decay=0.0, clip_grad=0.5)
+def test_clipping_in_passes_equals_torch_clip_grad_norm_then_adamw(odd_model: torch.nn.Module) -> None:
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.0, clip_grad=0.5, fold_clip_and_scale=False)
     reference_model = twin(odd_model)
     ours = get_optimizer(config, odd_model, {})
     reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
@@ -23,6 +23,46 @@ def test_clipping_equals_torch_clip_grad_norm_then_adamw(odd_model: torch.nn.Mod
         reference.step()
         assert success is True and zeros is None
         assert norm == pytest.approx(float(expected_norm), rel=1e-6)
+    for p, q in zip(odd_model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+def test_folded_clipping_rounds_each_gradient_once_and_stays_within_two_ulps_of_torch(odd_model: torch.nn.Module) -> None:
+    """The fused kernel divides each gradient by 1/coefficient where torch multiplies it by the
+    coefficient: one rounding against one, so the clipped gradients agree to 2 ulps. Adam's
+    update is about lr per element whatever the gradient's scale, so a 2-ulp gradient moves each
+    step by about lr * 2**-22: after 5 steps the params agree to 5 * lr * 2**-21."""
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_grad=0.5)
+    reference_model = twin(odd_model)
+    ours = get_optimizer(config, odd_model, {})
+    reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
+    generator_a, generator_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    for _ in range(5):
+        fill_grads(list(odd_model.parameters()), generator_a)
+        fill_grads(list(reference_model.parameters()), generator_b)
+        expected_norm = torch.nn.utils.clip_grad_norm_(list(reference_model.parameters()), 0.5)
+        success, norm, _ = ours.step()
+        reference.step()
+        assert success is True and norm == pytest.approx(float(expected_norm), rel=1e-6)
+        for p, q in zip(odd_model.parameters(), reference_model.parameters()):
+            assert p.grad is not None and q.grad is not None  # the kernel wrote the clipped gradient back
+            torch.testing.assert_close(p.grad, q.grad, atol=0, rtol=2**-22)
+    for p, q in zip(odd_model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(p, q, atol=5 * 1e-2 * 2**-21, rtol=2**-22)
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_step_that_clips_nothing_is_torchs_adamw_bit_for_bit(odd_model: torch.nn.Module, fold: bool) -> None:
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_grad=1e6, fold_clip_and_scale=fold)
+    reference_model = twin(odd_model)
+    ours = get_optimizer(config, odd_model, {})
+    reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
+    generator_a, generator_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(3):
+        fill_grads(list(odd_model.parameters()), generator_a)
+        fill_grads(list(reference_model.parameters()), generator_b)
+        assert ours.step()[0] is True
+        reference.step()
     for p, q in zip(odd_model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
 
