@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -171,3 +173,119 @@ def test_zero_grad_clears_every_group(gpt: torch.nn.Module) -> None:
     gpt.loss(tokens()).backward()
     opt.zero_grad()
     assert all(p.grad is None for p in gpt.parameters())
+
+
+# ---- folded clip and loss scale (fold_clip_and_scale) ------------------------------------------
+
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+HOST_READS = ("item", "__float__", "__bool__", "__int__", "tolist")
+
+
+class CountHostReads(TorchFunctionMode):
+    """Every tensor value read on the host (a device sync on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", "") in HOST_READS:
+            self.reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _train(model: torch.nn.Module, config: OptimizerConfig, steps: int, *, seed: int = 5, grad_scale: float = 1.0) -> list[tuple[bool, float | None]]:
+    opt = get_optimizer(config, model, {})
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for _ in range(steps):
+        for param in model.parameters():
+            param.grad = (torch.randn(param.shape, generator=generator) * grad_scale).to(param.dtype)
+        success, norm, _ = opt.step()
+        results.append((success, norm))
+    return results
+
+
+@pytest.mark.parametrize("optimizer", ["lion", "muon", "soap", "sgd"])
+def test_folding_is_bitwise_the_passes_where_the_factor_is_one_multiply(optimizer: str) -> None:
+    """Without a fused grad_scale kernel the factor is one foreach multiply by the same
+    coefficient the clip pass uses: bitwise the separate passes. Fused kernels (SGD, and the adam
+    that takes Muon's and SOAP's other params) divide instead: 2 ulps per gradient."""
+    config = OptimizerConfig(optimizer=optimizer, lr=1e-2, clip_grad=0.5)
+    folded, passes = tiny_gpt(), tiny_gpt()
+    passes.load_state_dict(folded.state_dict())
+    opt = get_optimizer(config, folded, {})
+    in_kernel = {name for g in opt.param_groups if g["optimizer"] in ("adam", "sgd") for name in g["param_names"]}
+    assert _train(folded, config, 3) == _train(passes, config.replace(fold_clip_and_scale=False), 3)
+    for (name, p), q in zip(folded.named_parameters(), passes.parameters(), strict=True):
+        if name in in_kernel:
+            torch.testing.assert_close(p, q, atol=3 * 1e-2 * 2**-21, rtol=2**-21)
+        else:
+            torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
+    assert (optimizer in ("sgd",)) == (len(in_kernel) == len(list(folded.parameters())))
+
+
+@pytest.mark.parametrize("precision", [{"fp16": True}, {"bf16": True}, {"fp16": True, "loss_scale": 1024.0}])
+@pytest.mark.parametrize("adam", [{}, {"use_precision_aware_optimizer": True, "store_param_remainders": False}])
+def test_a_power_of_two_loss_scale_without_clipping_is_folded_bit_for_bit(precision: dict[str, object], adam: dict[str, object]) -> None:
+    """Dividing by a power-of-two scale in the kernel is exact, as is the passes' multiply by its
+    inverse, so fp16/bf16 steps that clip nothing are bitwise the same either way."""
+    dtype = torch.float16 if precision.get("fp16") else torch.bfloat16
+    config = OptimizerConfig(lr=1e-2, clip_grad=1e6, **precision, **adam)  # type: ignore[arg-type]
+    folded = tiny_gpt().to(dtype)
+    passes = twin(folded)
+    results = _train(folded, config, 4, grad_scale=1e-3)
+    assert results == _train(passes, config.replace(fold_clip_and_scale=False), 4, grad_scale=1e-3)
+    assert all(success for success, _ in results)
+    for p, q in zip(folded.parameters(), passes.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"bf16": True}, {"fp16": True, "loss_scale": 1024.0}, {"bf16": True, "use_precision_aware_optimizer": True}]
+)
+def test_a_folded_step_reads_the_device_once_and_the_passes_up_to_twice(fields: dict[str, object]) -> None:
+    dtype = torch.float16 if fields.get("fp16") else torch.bfloat16 if fields else torch.float32
+    scale = float(fields.get("loss_scale", 1.0))  # type: ignore[arg-type]
+    for fold, most in ((True, 1), (False, 2 if fields.get("fp16") else 1)):
+        model = tiny_gpt().to(dtype)
+        opt = get_optimizer(OptimizerConfig(lr=1e-2, clip_grad=0.1, fold_clip_and_scale=fold, **fields), model, {})  # type: ignore[arg-type]
+        for seed in (0, 1):  # the first step builds the state; the second is measured
+            generator = torch.Generator().manual_seed(seed)
+            for param in model.parameters():
+                param.grad = (torch.randn(param.shape, generator=generator) * scale).to(dtype)
+            with CountHostReads() as counter:
+                success, norm, _ = opt.step()
+        assert success is True and norm is not None and norm > 0.1
+        assert len(counter.reads) == most, (fold, counter.reads)
+
+
+@pytest.mark.parametrize("fields", [{}, {"bf16": True}, {"fp16": True}])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd", "lion", "muon"])
+def test_a_folded_step_with_an_inf_grad_changes_nothing(fields: dict[str, object], optimizer: str) -> None:
+    dtype = torch.float16 if fields.get("fp16") else torch.bfloat16 if fields else torch.float32
+    model = tiny_gpt().to(dtype)
+    opt = get_optimizer(OptimizerConfig(optimizer=optimizer, lr=1e-2, clip_grad=0.1, **fields), model, {})  # type: ignore[arg-type]
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(0))
+    assert opt.step()[0] is True
+    before = copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict())
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(1))
+    next(model.parameters()).grad.view(-1)[3] = float("inf")  # type: ignore[union-attr]
+    assert opt.step() == (False, None, None)
+    after = opt.state_dict(), model.state_dict()
+    for old, new in zip(before, after, strict=True):
+        flat_old, flat_new = _tensors(old), _tensors(new)
+        assert flat_old.keys() == flat_new.keys()
+        for key in flat_old:
+            assert torch.equal(flat_old[key], flat_new[key]), key
+
+
+def _tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _tensors(value, f"{prefix}.{key}").items()}
+    if isinstance(tree, (list, tuple)):
+        return {k: v for i, value in enumerate(tree) for k, v in _tensors(value, f"{prefix}[{i}]").items()}
+    return {}
