@@ -81,6 +81,12 @@ def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tens
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     for position, (entry, full_grad) in enumerate(found):
         main = entry.main
+        if entry.grad_target == "shared" and main is entry.model and full_grad is not None and param_map.grad_source == "grad":
+            # fp32, whole, from .grad: the common case, kept cheap for models with many params
+            if type(full_grad) is not DTensor and full_grad.stride() != main.stride():
+                main.grad = full_grad = torch.empty_like(main).copy_(full_grad)  # see below
+            main_grads.append(full_grad)
+            continue
         assert main is not None  # local entries have one
         grad = None if full_grad is None else part_of(full_grad, entry.part)
         if grad is not None and entry.part is None and not isinstance(grad, DTensor) and grad.stride() != entry.model.stride():
@@ -129,13 +135,15 @@ def _local_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """L2 norm over every gradient, accumulated in fp32 (fp64 for fp64 grads)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for grad in grads:
-        by_dtype.setdefault(torch.promote_types(grad.dtype, torch.float32), []).append(grad)
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    total_dtype = torch.float64 if torch.float64 in by_dtype else torch.float32
     norms = [
-        norm.to(device=grads[0].device, dtype=torch.float64 if torch.float64 in by_dtype else torch.float32)
+        torch.stack(torch._foreach_norm(same, 2, dtype=torch.promote_types(dtype, torch.float32))).to(
+            device=grads[0].device, dtype=total_dtype
+        )
         for dtype, same in by_dtype.items()
-        for norm in torch._foreach_norm(same, 2, dtype=dtype)
     ]
-    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    total: torch.Tensor = torch.linalg.vector_norm(torch.cat(norms))
     return total
 
 
