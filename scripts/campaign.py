@@ -4,10 +4,10 @@
     .venv/bin/python scripts/campaign.py [--quick] [--only CATEGORY ...]
 
 Categories: config, routing, step, checkpoint, scheduler, cli, distributed (each section below
-starts with the rule it applies). CPU only, no network, nothing downloaded; tiny models are built in code. The
-run is deterministic: every trial seeds torch from its own name, and ``--quick`` keeps the ~10%
-of trials whose name hashes to 0 mod 10 (the same ones every run). The exit status is always 0:
-this is a report; the last line is ``FAILURES: N``.
+starts with the rule it applies). CPU only, no network, nothing downloaded; tiny models are
+built in code. The run is deterministic: every trial seeds torch from its own name, and
+``--quick`` keeps the ~10% of trials whose name hashes to 0 mod 10 (the same ones every run).
+The exit status is always 0: this is a report; the last line is ``FAILURES: N``.
 """
 
 from __future__ import annotations

@@ -76,15 +76,20 @@ def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tens
     Raises:
         ValueError: A gradient is sparse, or ``main_grad`` is missing where it is the source.
     """
-    found = [(entry, _model_grad(entry, param_map)) for entry in param_map.local]
+    local, plain = param_map.local, param_map.plain_local
+    found = [entry.model.grad if is_plain else _model_grad(entry, param_map) for entry, is_plain in zip(local, plain)]
+    if any(grad is not None and grad.is_sparse for grad in found):
+        for entry in local:
+            _model_grad(entry, param_map)  # raises, naming the first sparse one
     main_grads = []
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for position, (entry, full_grad) in enumerate(found):
+    for position, (entry, full_grad, is_plain) in enumerate(zip(local, found, plain)):
         main = entry.main
-        if entry.grad_target == "shared" and main is entry.model and full_grad is not None and param_map.grad_source == "grad":
-            # fp32, whole, from .grad: the common case, kept cheap for models with many params
-            if type(full_grad) is not DTensor and full_grad.stride() != main.stride():
-                main.grad = full_grad = torch.empty_like(main).copy_(full_grad)  # see below
+        if is_plain:
+            if full_grad is None:
+                continue
+            if type(full_grad) is not DTensor and full_grad.stride() != entry.model.stride():
+                entry.model.grad = full_grad = torch.empty_like(entry.model).copy_(full_grad)  # see below
             main_grads.append(full_grad)
             continue
         assert main is not None  # local entries have one

@@ -101,6 +101,14 @@ class ParamMap:
         return tuple(entry for entry in self.entries if entry.local)
 
     @functools.cached_property
+    def plain_local(self) -> tuple[bool, ...]:
+        """For each local entry: is it the simplest case, the model param stepped whole in place
+        with ``.grad`` as its gradient (fp32 models)? The step keeps that case cheap."""
+        return tuple(
+            self.grad_source == "grad" and e.main is e.model and e.part is None and e.grad_target == "shared" for e in self.local
+        )
+
+    @functools.cached_property
     def _by_name(self) -> dict[str, ParamEntry]:
         return {name: entry for entry in self.entries for name in entry.names}
 
