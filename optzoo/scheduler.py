@@ -196,6 +196,9 @@ def _shown(value: Any) -> str:
 def _validate(values: Mapping[str, Any]) -> None:
     """Megatron-Core's constructor asserts, plus the inputs it would trip over later (wrong types
     and non-finite values among them, which would otherwise fail in a comparison or anneal to NaN)."""
+    for name in ("use_checkpoint_opt_param_scheduler", "override_opt_param_scheduler"):
+        if name in values and not isinstance(values[name], bool):
+            raise _fail(name, "must be a bool", _shown(values[name]), "True or False")
     for name in ("init_lr", "max_lr", "min_lr", "start_wd", "end_wd"):
         _check_number(name, values[name])
     for name in ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps"):
@@ -450,9 +453,12 @@ class OptimizerParamScheduler:
 
         Raises:
             KeyError: A required key is missing.
+            ValueError: ``state_dict`` is not a dict.
             ValueError: A setting differs while neither flag allows it (the message names the
                 key and both values), or the settings taken from the checkpoint are invalid.
         """
+        if not isinstance(state_dict, Mapping):
+            raise _fail("state_dict", "must be a dict", _shown(state_dict), "OptimizerParamScheduler.state_dict()")
         found: dict[str, Any] = {}
         for key, sources in _LEGACY_KEYS.items():
             source = next((s for s in sources if s in state_dict), None)

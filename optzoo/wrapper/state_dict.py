@@ -135,6 +135,7 @@ def load_state_dict_(
                 f"optimizer {group['optimizer']!r}; got {saved.get('optimizer')!r} in the "
                 f"checkpoint; expected the same optimizer"
             )
+        _check_group_values(saved, group, f"`param_groups` #{index} ({group_names[index][0]}, ...)")
         matched.append((group, saved))
 
     owners = {id(p): opt for opt in optimizers for g in opt.param_groups for p in g["params"]}
@@ -178,6 +179,11 @@ def load_state_dict_(
         if entry.aliased:
             continue
         saved_main = saved_mains[entry.name]
+        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point():
+            shown = f"a {saved_main.dtype} tensor" if isinstance(saved_main, torch.Tensor) else type(saved_main).__name__
+            raise _damaged(f"`main_params[{entry.name!r}]`", shown, "a floating-point tensor")
+        if not bool(torch.isfinite(saved_main).all()):
+            raise _damaged(f"`main_params[{entry.name!r}]`", "NaN or inf values", "finite fp32 main params (was it saved after a diverged step?)")
         if saved_main.shape != entry.model.shape:
             raise ValueError(
                 f"`{entry.name}`: fp32 main param shape differs from the checkpoint's; got "
@@ -235,12 +241,50 @@ def _check_structure(state_dict: Mapping[str, Any]) -> None:
         if not isinstance(values, Mapping):
             raise _damaged(f"`state[{name!r}]`", type(values).__name__, "a dict of state tensors")
         for key, value in values.items():
+            if key == "step" and not (
+                (_is_number(value) and value >= 0) or (isinstance(value, torch.Tensor) and value.numel() == 1 and float(value) >= 0)
+            ):
+                shown = repr(float(value)) if isinstance(value, torch.Tensor) and value.numel() == 1 else repr(value)[:60]
+                raise _damaged(f"`state[{name!r}]['step']`", shown, "a step count >= 0")
             if not isinstance(value, torch.Tensor):
                 continue
-            if key == "step" and value.numel() == 1 and not float(value) >= 0:
-                raise _damaged(f"`state[{name!r}]['step']`", repr(float(value)), "a step count >= 0")
+            if key not in ("step", "master_param") and not (value.is_floating_point() or value.is_complex()):
+                raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.dtype} tensor", "floating-point optimizer state")
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 raise _damaged(f"`state[{name!r}][{key!r}]`", "NaN or inf values", "finite state (was it saved after a diverged step?)")
+
+
+_NON_NEGATIVE = frozenset({"lr", "weight_decay", "eps", "max_lr", "min_lr", "wd_mult", "start_wd", "end_wd", "initial_lr"})
+"""Group hyperparameters that must be >= 0 (as the optimizers and the scheduler require)."""
+_UNIT_INTERVAL = frozenset({"momentum", "betas", "beta1", "beta2", "shampoo_beta", "dampening"})
+"""Group hyperparameters (or each of their elements) that must lie in [0, 1)."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_group_values(saved: Mapping[str, Any], group: Mapping[str, Any], where: str) -> None:
+    """A saved group's settings have the kinds of this group's (a number where a number is, a
+    bool where a bool is, a pair where a pair is) and lie in range: a damaged or hand-edited
+    checkpoint is refused here, not by a ``TypeError`` at the next step or by silent divergence."""
+    for key, mine in group.items():
+        if key in ("params", "param_names", *KERNEL_KEYS) or key not in saved:
+            continue
+        value = saved[key]
+        if _is_number(mine) or (isinstance(mine, tuple) and all(_is_number(x) for x in mine)):
+            numbers = list(value) if isinstance(value, (tuple, list)) else [value]
+            kind_ok = (isinstance(value, (tuple, list)) and len(value) == len(mine)) if isinstance(mine, tuple) else _is_number(value)
+            if not kind_ok or not all(_is_number(x) for x in numbers):
+                raise _damaged(f"{where} `{key}`", repr(value)[:60], f"{'a pair of numbers' if isinstance(mine, tuple) else 'a number'}, as {mine!r} here")
+            if key in _NON_NEGATIVE and not all(x >= 0 for x in numbers):
+                raise _damaged(f"{where} `{key}`", repr(value), f"{key} >= 0")
+            if key in _UNIT_INTERVAL and not all(0 <= x < 1 for x in numbers):
+                raise _damaged(f"{where} `{key}`", repr(value), f"{key} in [0, 1)")
+        elif isinstance(mine, bool) and not isinstance(value, bool):
+            raise _damaged(f"{where} `{key}`", repr(value)[:60], f"a bool, as {mine!r} here")
+        elif isinstance(mine, str) and not isinstance(value, str):
+            raise _damaged(f"{where} `{key}`", repr(value)[:60], f"a string, as {mine!r} here")
 
 
 def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Mapping[torch.Tensor, Any]) -> None:

@@ -6,6 +6,8 @@ Sections follow the issue's items; each test names its item. Messages are matche
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 import re
 import warnings
 
@@ -432,6 +434,82 @@ def test_item15_a_damaged_state_dict_is_a_value_error_naming_the_key(change: str
         optimizer.load_state_dict(saved)  # type: ignore[attr-defined]
     after = optimizer.state_dict()  # type: ignore[attr-defined]
     assert all(torch.equal(after["state"][n][k], v) for n, vs in before["state"].items() for k, v in vs.items())
+
+
+def _set_group(key: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def mutate(saved: dict[str, Any]) -> None:
+        saved["param_groups"][0][key] = value
+
+    return mutate
+
+
+def _set_state(key: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def mutate(saved: dict[str, Any]) -> None:
+        old = saved["state"]["a.weight"][key]
+        saved["state"]["a.weight"][key] = value(old) if callable(value) else value
+
+    return mutate
+
+
+def _nan_main(saved: dict[str, Any]) -> None:
+    saved["main_params"]["a.weight"][0, 0] = float("nan")
+
+
+GROUP = r"damaged at `param_groups` #0 \(a.weight, ...\) "
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "fields", "mutate", "message"),
+    [
+        ("adam", {}, _set_group("lr", "abc"), GROUP + r"`lr`; got 'abc'; expected a number, as 0.1 here"),
+        ("sgd", {}, _set_group("weight_decay", None), GROUP + r"`weight_decay`; got None; expected a number"),
+        ("lion", {}, _set_group("weight_decay", -1.0), GROUP + r"`weight_decay`; got -1.0; expected weight_decay >= 0"),
+        ("sgd", {}, _set_group("momentum", 1.5), GROUP + r"`momentum`; got 1.5; expected momentum in \[0, 1\)"),
+        ("adam", {}, _set_group("betas", (1.5, 0.999)), GROUP + r"`betas`; got \(1.5, 0.999\); expected betas in \[0, 1\)"),
+        ("adam", {}, _set_group("betas", 0.9), GROUP + r"`betas`; got 0.9; expected a pair of numbers"),
+        ("adam", {}, _set_group("foreach", "yes"), None),  # a kernel choice: not restored, so not checked
+        ("adam", {}, _set_state("exp_avg", lambda t: t.long()), r"damaged at `state\['a.weight'\]\['exp_avg'\]`; got a torch.int64 tensor"),
+        ("adam", {}, _set_state("step", "abc"), r"damaged at `state\['a.weight'\]\['step'\]`; got 'abc'; expected a step count >= 0"),
+        ("soap", {}, _set_state("step", -1), r"damaged at `state\['a.weight'\]\['step'\]`; got -1; expected a step count >= 0"),
+        ("adam", {"bf16": True}, _nan_main, r"damaged at `main_params\['a.weight'\]`; got NaN or inf values"),
+    ],
+)
+def test_item15_damaged_group_settings_state_and_main_params_are_refused_before_anything_changes(
+    optimizer: str, fields: dict[str, Any], mutate: Callable[[dict[str, Any]], None], message: str | None
+) -> None:
+    model = TwoBranches()
+    if fields.get("bf16"):
+        model = model.to(torch.bfloat16)
+    opt = get_optimizer(OptimizerConfig(optimizer=optimizer, lr=0.1, **fields), model, lint=False)
+    model.loss(use_b=True).backward()
+    assert opt.step()[0] is True
+    saved = copy.deepcopy(opt.state_dict())
+    mutate(saved)
+    before = copy.deepcopy(opt.state_dict())
+    if message is None:
+        opt.load_state_dict(saved)
+        return
+    with pytest.raises(ValueError, match=r"^`state_dict`: " + message):
+        opt.load_state_dict(saved)
+    after = opt.state_dict()
+    assert [{k: v for k, v in g.items() if k != "params"} for g in after["param_groups"]] == [
+        {k: v for k, v in g.items() if k != "params"} for g in before["param_groups"]
+    ]
+    for name, values in before["state"].items():
+        for key, value in values.items():
+            assert torch.equal(torch.as_tensor(after["state"][name][key]), torch.as_tensor(value)), (name, key)
+
+
+def test_item16_scheduler_flags_and_state_that_are_not_what_they_say_are_named() -> None:
+    from optzoo import OptimizerParamScheduler
+
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), TwoBranches(), lint=False)
+    for flag, value in (("use_checkpoint_opt_param_scheduler", "abc"), ("override_opt_param_scheduler", None)):
+        with pytest.raises(ValueError, match=rf"^`OptimizerParamScheduler.{flag}`: must be a bool; got {value!r} \(\w+\); expected True or False$"):
+            OptimizerParamScheduler(optimizer, **SCHEDULE, **{flag: value})  # type: ignore[arg-type]
+    scheduler = OptimizerParamScheduler(optimizer, **SCHEDULE)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^`OptimizerParamScheduler.state_dict`: must be a dict; got None \(NoneType\)"):
+        scheduler.load_state_dict(None)  # type: ignore[arg-type]
 
 
 # ---- what a new user trips over: the canonical lr for logging -----------------------------------
