@@ -83,6 +83,21 @@ def _norm_floor(model: nn.Module) -> Callable[[], object]:
     return _attaching(replica, grads, step)
 
 
+def _grad_scale_floor(model: nn.Module) -> Callable[[], object]:
+    """One norm pass, then torch's fused step dividing by a ``grad_scale`` tensor: its kernel also
+    writes the divided gradient back, one more pass than the plain fused step."""
+    replica, grads = _with_grads(model)
+    opt = torch.optim.AdamW(replica.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+    scale = torch.tensor(2.0)
+
+    def step() -> None:
+        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        opt.grad_scale = scale  # type: ignore[attr-defined]
+        opt.step()
+
+    return _attaching(replica, grads, step)
+
+
 def _copies_floor(model: nn.Module) -> Callable[[], object]:
     """bf16 params with fp32 mains: the two copies (grad up, param down) and the fused step."""
     replica, grads16 = _with_grads(model, torch.bfloat16)
@@ -119,7 +134,9 @@ def large_rows(hidden: int, layers: int) -> dict[str, Callable[[], object]]:
         "torch AdamW(fused=True), bare": _bare_fused(model),
         "clip_grad_norm_(foreach) + AdamW(fused=True), by hand": _by_hand_clip(model),
         "floor: grad norm + AdamW(fused=True)": _norm_floor(model),
+        "floor: grad norm + AdamW(fused=True) with grad_scale": _grad_scale_floor(model),
         "optzoo adam, clip_grad=1": _optzoo(model, clip_grad=1.0),
+        "optzoo adam, clip_grad=1, fold_clip_and_scale=False": _optzoo(model, clip_grad=1.0, fold_clip_and_scale=False),
         "optzoo adam, clip_grad=0": _optzoo(model, clip_grad=0.0),
         "floor: bf16 copies + AdamW(fused=True)": _copies_floor(model),
         "optzoo adam, bf16 + fp32 main params, clip 1": _optzoo(model, bf16=True, clip_grad=1.0),
@@ -136,6 +153,7 @@ def small_rows(count: int, size: int) -> dict[str, Callable[[], object]]:
         "torch AdamW(foreach=True)": _attaching(replica, grads, foreach.step),
         "clip_grad_norm_(foreach) + AdamW(fused=True), by hand": _by_hand_clip(model),
         "optzoo adam, clip_grad=1": _optzoo(model, clip_grad=1.0),
+        "optzoo adam, clip_grad=1, fold_clip_and_scale=False": _optzoo(model, clip_grad=1.0, fold_clip_and_scale=False),
     }
 
 
