@@ -4,11 +4,12 @@ In order (:meth:`optzoo.MixedPrecisionOptimizer.step` calls them as a list, the 
 ``clip_by_global_norm`` and ``apply_if_finite``):
 
 1. :func:`model_grads_to_main_grads`: each model gradient to where its inner optimizer reads it;
-2. :func:`find_inf_and_unscale_`: unscale by the loss scale and detect inf/NaN (without a loss
-   scale, the global norm does the detection and is kept for clipping);
-3. :func:`clip_by_global_norm_`: Megatron's clip to ``max_norm``;
-4. :func:`count_zeros`: zero gradient elements, for logging;
-5. (the inner optimizers step) :func:`main_params_to_model_params`: updated fp32 main params back
+2. :func:`norm_and_check`: one norm pass over the still scaled gradients, which detects inf/NaN
+   and gives the clip coefficient; :func:`grad_factors`: coefficient and loss scale as one
+   factor, applied by the inner optimizers (``fold_clip_and_scale``, the default). Megatron's
+   separate passes instead: :func:`find_inf_and_unscale_` then :func:`clip_by_global_norm_`;
+3. :func:`count_zeros`: zero gradient elements, for logging;
+4. (the inner optimizers step) :func:`main_params_to_model_params`: updated fp32 main params back
    into the 16-bit model params.
 
 With a process group (the distributed optimizers, FSDP2) each rank holds its own share of the

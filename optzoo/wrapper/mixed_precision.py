@@ -7,10 +7,11 @@ parameters themselves (:class:`FP32Optimizer`), or fp32 copies of fp16/bf16 mode
 (:class:`Float16OptimizerWithFloat16Params`), as in Megatron-Core's ``MixedPrecisionOptimizer``.
 Which is which, and where each gradient goes, is the :class:`~optzoo.wrapper.param_map.ParamMap`.
 
-One step is the list of :mod:`~optzoo.wrapper.grad_stages`: model grads to main grads; unscale
-and detect inf/NaN (the scaler sees the result; on inf/NaN return ``(False, None, None)`` with
-parameters and state untouched); global-norm clip; zero count; inner steps; main params to model
-params.
+One step is the list of :mod:`~optzoo.wrapper.grad_stages`: model grads to main grads; one norm
+pass that detects inf/NaN (the scaler sees the result; on inf/NaN return ``(False, None, None)``
+with parameters and state untouched); the clip coefficient and loss scale as one factor; zero
+count; inner steps, each applying the factor (in its kernel or one pass); main params to model
+params. ``fold_clip_and_scale=False`` runs Megatron's separate unscale and clip passes instead.
 """
 
 from __future__ import annotations
@@ -187,10 +188,18 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         Args:
             closure: Optional; re-evaluates the model (run with gradients enabled first).
 
+        With ``fold_clip_and_scale`` (the default) the step reads one value from the device: the
+        global norm of the still scaled gradients, unscaled, which also says whether any is inf
+        or NaN. The clip coefficient divided by the loss scale then reaches each gradient once,
+        inside torch's fused Adam/AdamW/SGD and the precision-aware Adam (their ``grad_scale``),
+        or in one foreach multiply for the other optimizers. ``log_num_zeros_in_grad`` adds one
+        read. With ``fold_clip_and_scale=False``, a loss scaler's inf check is a second read.
+
         Returns:
-            ``(update_successful, grad_norm, num_zeros_in_grad)``: ``(False, None, None)`` on a
-            skipped step; the norm is computed when ``clip_grad > 0`` (else ``None``), zeros are
-            counted when ``log_num_zeros_in_grad`` (else ``None``).
+            ``(update_successful, grad_norm, num_zeros_in_grad)``, Python values:
+            ``(False, None, None)`` on a skipped step; the global norm of the unscaled gradients
+            before clipping when ``clip_grad > 0`` (else ``None``); the count of zero gradient
+            elements when ``log_num_zeros_in_grad`` (else ``None``).
 
         Raises:
             ValueError: A gradient is sparse, or missing ``main_grad`` (nothing changes).

@@ -716,3 +716,19 @@ def test_new_user_muon_built_directly_warns_per_group() -> None:
     with pytest.warns(NewtonSchulzWarning, match=r"^param group #0: coefficient_type='quintic' with num_ns_steps=6: maps singular") as caught:
         Muon([weight], num_ns_steps=6)
     assert caught[0].filename == __file__
+
+
+@pytest.mark.slow
+def test_the_campaign_script_finds_nothing_in_its_quick_sample() -> None:
+    """scripts/campaign.py (2,154 trials; --quick samples ~10%) reports every trial that errs
+    unclearly, accepts nonsense or loses state: none may remain."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, str(root / "scripts" / "campaign.py"), "--quick"], cwd=root, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.rstrip().endswith("FAILURES: 0"), run.stdout[-4000:]
