@@ -327,6 +327,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                 [master], [compute_grad], [exp_avg], [exp_avg_sq], [], [state["step"]],
                 foreach=group["foreach"], fused=group["fused"], decoupled_weight_decay=group["decoupled_weight_decay"],
                 grad_scale=grad_scale if group["fused"] else None,
+                found_inf=getattr(self, "found_inf", None) if group["fused"] else None,
                 amsgrad=False, beta1=beta1, beta2=beta2, lr=float(group["lr"]), weight_decay=group["weight_decay"],
                 eps=group["eps"], maximize=False,
             )

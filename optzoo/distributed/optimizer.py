@@ -120,6 +120,14 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         return result
 
     @torch.no_grad()
+    def step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """:meth:`MixedPrecisionOptimizer.step_on_device` on the owned shards, then every rank gets
+        the params (unconditionally: a skipped step sends the unchanged values)."""
+        result = super().step_on_device()
+        self._sync_params()
+        return result
+
+    @torch.no_grad()
     def _sync_params(self) -> None:
         for group, world_size, layout, all_buffers in self._syncs:
             if world_size == 1:

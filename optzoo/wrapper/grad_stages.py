@@ -234,7 +234,10 @@ def grad_factors(
     coefficient`` for torch's fused kernels, which divide by their ``grad_scale``. The coefficient
     is Megatron's ``clamp(max_norm / (norm + 1e-6), max=1)``, computed on the device.
     """
-    clipped = max_norm > 0.0 and norm is not None and norm_value is not None and max_norm / (norm_value + 1e-6) < 1.0
+    if norm_value is None and norm is not None and max_norm > 0.0:  # no host value: always apply (the device step)
+        clipped = True
+    else:
+        clipped = max_norm > 0.0 and norm is not None and norm_value is not None and max_norm / (norm_value + 1e-6) < 1.0
     if grad_scaler is None and not clipped:
         return None
     if not clipped:

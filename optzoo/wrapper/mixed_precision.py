@@ -232,6 +232,74 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             grad_stages.main_params_to_model_params(self.param_map)
         return True, norm_value if clipping else None, num_zeros
 
+    @torch.no_grad()
+    def step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """One step that reads nothing back to the host: the skip decision stays on the device.
+
+        The same update as :meth:`step`, bit for bit, but inf/NaN is handed to the kernels as
+        torch's ``found_inf`` tensor, which skips the update inside them (the step counts they
+        advanced are taken back), instead of being read to decide in Python. On a GPU the
+        launch queue then never waits for the device.
+
+        Returns:
+            ``(update_successful, grad_norm, None)``: a 0-dim bool tensor; the 0-dim float32
+            global norm of the unscaled gradients before clipping when ``clip_grad > 0`` (else
+            ``None``; inf or NaN on a skipped step), both on the params' device.
+
+        Raises:
+            ValueError: Something needs the host: an inner optimizer without a device-side skip
+                (only torch's fused Adam/AdamW/SGD and the precision-aware Adam's fused groups
+                have one), a dynamic loss scaler (its hysteresis is host logic),
+                ``log_num_zeros_in_grad``, or ``fold_clip_and_scale=False``. Nothing changes.
+        """
+        self._check_step_on_device()
+        group, device = self.process_group, self._one.device
+        with self._timed("optimizer-copy-to-main-grad"):
+            grads = grad_stages.model_grads_to_main_grads(self.param_map, self._grad_buffers)
+        clipping = self.options.clip_grad > 0.0
+        if not grads and group is None:
+            return torch.ones((), dtype=torch.bool, device=device), None, None
+        with self._timed("optimizer-unscale-and-check-inf"):
+            norm = grad_stages.global_grad_norm(grads, group, device)
+            if self.grad_scaler is not None:
+                norm = norm * self.grad_scaler.inv_scale
+            norm = norm.reshape(())
+            found_inf = torch.isfinite(norm).logical_not().to(torch.float32)
+        with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
+            factors = grad_stages.grad_factors(norm, None, self.grad_scaler, self.options.clip_grad if clipping else 0.0)
+            divisor = factors[1] if factors is not None else self._one.reshape(())
+        with self._timed("optimizer-inner-step"):
+            for opt in self.optimizers:
+                opt.grad_scale, opt.found_inf = divisor, found_inf  # type: ignore[attr-defined]
+                try:
+                    opt.step()
+                finally:
+                    del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
+        with self._timed("optimizer-copy-main-to-model-params"):
+            grad_stages.main_params_to_model_params(self.param_map)  # a skipped step copies the same values
+        return found_inf == 0, norm if clipping else None, None
+
+    def _check_step_on_device(self) -> None:
+        from optzoo.wrapper.scalers import ConstantGradScaler
+
+        needs_host = [
+            f"inner optimizer {type(opt).__name__} ({', '.join(sorted({g.get('optimizer', '?') for g in opt.param_groups}))})"
+            for opt, takes in zip(self.optimizers, self._takes_grad_scale, strict=True)
+            if not takes or not all(g.get("fused") for g in opt.param_groups)
+        ]
+        if self.grad_scaler is not None and not isinstance(self.grad_scaler, ConstantGradScaler):
+            needs_host.append(f"a {type(self.grad_scaler).__name__} (its hysteresis is host logic)")
+        if self.options.log_num_zeros_in_grad:
+            needs_host.append("log_num_zeros_in_grad=True")
+        if not self.options.fold_clip_and_scale:
+            needs_host.append("fold_clip_and_scale=False")
+        if needs_host:
+            raise ValueError(
+                f"`step_on_device`: these need the host; got {'; '.join(needs_host)}; expected torch's fused "
+                "Adam/AdamW/SGD or the precision-aware Adam with fused groups, no loss scaler or a constant "
+                "loss_scale, log_num_zeros_in_grad=False and fold_clip_and_scale=True (or call step())"
+            )
+
     @staticmethod
     def _inner_step(
         opt: torch.optim.Optimizer, takes_grad_scale: bool, params: list[torch.Tensor], factors: tuple[torch.Tensor, torch.Tensor] | None

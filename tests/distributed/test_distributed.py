@@ -87,7 +87,11 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("inf_on_rank") == rank and step == spec.get("start", 0):
             owned = optimizer.param_groups[0]["param_names"][0]
             dict(model.named_parameters())[owned].grad.view(-1)[0] = float("inf")  # type: ignore[union-attr]
-        results.append(optimizer.step())
+        if spec.get("on_device"):
+            success, norm, zeros = optimizer.step_on_device()  # type: ignore[attr-defined]
+            results.append((bool(success), None if norm is None else float(norm), zeros))
+        else:
+            results.append(optimizer.step())
     out: dict[str, Any] = {
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         "results": results,
@@ -264,6 +268,19 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank() -> None:
         assert run["results"][0] == (False, None, None)
         assert run["results"][1][0]
         assert_params_equal(run["params"], expected["params"])
+
+
+def test_step_on_device_on_every_rank_equals_step_and_skips_an_inf_on_one_rank_everywhere() -> None:
+    expected = single({"config": ADAM, "steps": 3})
+    skipped = single({"config": ADAM, "steps": 1, "start": 1})  # step 0 skipped: only step 1 lands
+    for flags in (LAYER_WISE, SHARDED):
+        for run in run_ranks(2, train, {"config": {**ADAM, **flags}, "steps": 3, "on_device": True}):
+            assert [ok for ok, _, _ in run["results"]] == [True] * 3
+            assert_params_equal(run["params"], expected["params"])
+    # layer-wise: rank 1 owns the param it poisons (sharded, element 0 is rank 0's)
+    for run in run_ranks(2, train, {"config": {**ADAM, **LAYER_WISE}, "steps": 2, "inf_on_rank": 1, "on_device": True}):
+        assert [ok for ok, _, _ in run["results"]] == [False, True]
+        assert_params_equal(run["params"], skipped["params"])
 
 
 def train_in_pairs(rank: int, world: int) -> dict[str, torch.Tensor]:

@@ -289,3 +289,86 @@ def _tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
     if isinstance(tree, (list, tuple)):
         return {k: v for i, value in enumerate(tree) for k, v in _tensors(value, f"{prefix}[{i}]").items()}
     return {}
+
+
+# ---- step_on_device: the skip decision without a host read ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"clip_grad": 0.1},
+        {"clip_grad": 1e6},
+        {"clip_grad": 0.0},
+        {"clip_grad": 0.1, "bf16": True},
+        {"clip_grad": 0.1, "fp16": True, "loss_scale": 1024.0},
+        {"clip_grad": 0.1, "bf16": True, "use_precision_aware_optimizer": True},
+        {"clip_grad": 0.1, "optimizer": "sgd"},
+    ],
+)
+def test_step_on_device_is_step_bit_for_bit_and_reads_nothing(fields: dict[str, object]) -> None:
+    dtype = torch.float16 if fields.get("fp16") else torch.bfloat16 if fields.get("bf16") else torch.float32
+    scale = float(fields.get("loss_scale", 1.0))  # type: ignore[arg-type]
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.1, **fields)  # type: ignore[arg-type]
+    on_host, on_device = tiny_gpt().to(dtype), None
+    on_device = twin(on_host)
+    host_opt, device_opt = get_optimizer(config, on_host, {}), get_optimizer(config, on_device, {})
+    for seed in range(3):
+        for model in (on_host, on_device):
+            generator = torch.Generator().manual_seed(seed)
+            for param in model.parameters():
+                param.grad = (torch.randn(param.shape, generator=generator) * scale).to(dtype)
+        success, norm, _ = host_opt.step()
+        with CountHostReads() as counter:
+            device_success, device_norm, zeros = device_opt.step_on_device()
+        assert counter.reads == []
+        assert device_success.dtype == torch.bool and device_success.shape == () and zeros is None
+        assert bool(device_success) is success is True
+        assert (device_norm is None) == (norm is None)
+        if norm is not None:
+            assert device_norm is not None and float(device_norm) == norm
+    for p, q in zip(on_host.parameters(), on_device.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    assert _tensors(host_opt.state_dict()["state"]).keys() == _tensors(device_opt.state_dict()["state"]).keys()
+    for key, value in _tensors(host_opt.state_dict()["state"]).items():
+        assert torch.equal(value, _tensors(device_opt.state_dict()["state"])[key]), key
+
+
+@pytest.mark.parametrize("fields", [{}, {"bf16": True}, {"bf16": True, "use_precision_aware_optimizer": True}, {"optimizer": "sgd"}])
+def test_step_on_device_with_an_inf_grad_changes_nothing(fields: dict[str, object]) -> None:
+    dtype = torch.bfloat16 if fields.get("bf16") else torch.float32
+    model = tiny_gpt().to(dtype)
+    opt = get_optimizer(OptimizerConfig(lr=1e-2, clip_grad=0.1, **fields), model, {})  # type: ignore[arg-type]
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(0))
+    assert bool(opt.step_on_device()[0]) is True
+    before = copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict())
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(1))
+    next(model.parameters()).grad.view(-1)[3] = float("nan")  # type: ignore[union-attr]
+    success, norm, _ = opt.step_on_device()
+    assert bool(success) is False and norm is not None and not bool(torch.isfinite(norm))
+    for old, new in zip(before, (opt.state_dict(), model.state_dict()), strict=True):
+        flat_old, flat_new = _tensors(old), _tensors(new)
+        assert flat_old.keys() == flat_new.keys()
+        for key in flat_old:
+            assert torch.equal(flat_old[key], flat_new[key]), key
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"optimizer": "lion"}, r"inner optimizer Lion \(lion\)"),
+        ({"optimizer": "muon"}, r"inner optimizer Muon \(muon\)"),
+        ({"fp16": True}, r"a DynamicGradScaler \(its hysteresis is host logic\)"),
+        ({"log_num_zeros_in_grad": True}, r"log_num_zeros_in_grad=True"),
+        ({"fold_clip_and_scale": False}, r"fold_clip_and_scale=False"),
+    ],
+)
+def test_step_on_device_names_what_needs_the_host_and_changes_nothing(fields: dict[str, object], named: str) -> None:
+    dtype = torch.float16 if fields.get("fp16") else torch.float32
+    model = tiny_gpt().to(dtype)
+    opt = get_optimizer(OptimizerConfig(lr=1e-2, **fields), model, {})  # type: ignore[arg-type]
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(0))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"^`step_on_device`: these need the host; got .*" + named):
+        opt.step_on_device()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
