@@ -238,7 +238,8 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         }
         super().__init__(params, defaults)
         # torch's GradScaler protocol: ``step`` divides each gradient by ``self.grad_scale`` (a
-        # 1-element tensor) when it is set, in the fused kernel or as it upcasts the gradient.
+        # 1-element tensor) when it is set, in the fused kernel or as it upcasts the gradient,
+        # and skips the update where ``self.found_inf`` is set to 1.
         self._step_supports_amp_scaling = True
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
@@ -295,8 +296,13 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
 
     @override
     def _update(self) -> None:
-        """One update of every param that has a gradient."""
+        """One update of every param that has a gradient (torch's fused kernel skips itself on
+        a set ``found_inf``; the other kernels are skipped here, after one read of it)."""
+        found_inf: torch.Tensor | None = getattr(self, "found_inf", None)
+        skip_unfused = found_inf is not None and any(not g["fused"] for g in self.param_groups) and bool(found_inf.item())
         for group_index, group in enumerate(self.param_groups):
+            if skip_unfused and not group["fused"]:
+                continue
             for param_index, param in enumerate(group["params"]):
                 self._step_param(param, group, group_index, param_index)
 

@@ -695,3 +695,30 @@ def test_data_dependent_errors_raise_during_step() -> None:
     bf16.grad = torch.ones(3)
     with pytest.raises(ValueError, match=r"param group #0, param #0: `store_param_remainders` needs bf16 params .*; got torch.float32; expected torch.bfloat16"):
         remainders.step()
+
+
+@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True}, {"fused": False, "foreach": False}])
+def test_torchs_grad_scaler_protocol_divides_and_skips_on_every_kernel(kernel: dict[str, bool]) -> None:
+    """torch.amp.GradScaler sets ``grad_scale`` and ``found_inf`` on optimizers that declare
+    ``_step_supports_amp_scaling`` and then leaves the skip to them: every kernel must honour both."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5, 3, dtype=torch.bfloat16)) for _ in range(2)]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    settings = {"lr": 1e-2, "master_weights": True, "store_param_remainders": True, **kernel}
+    ours, reference = PrecisionAwareAdam(params, **settings), PrecisionAwareAdam(twins, **settings)
+    assert ours._step_supports_amp_scaling
+    grads = [torch.randn(5, 3) for _ in params]
+    for p, q, g in zip(params, twins, grads):
+        p.grad, q.grad = (g * 8).bfloat16(), g.bfloat16()
+    ours.grad_scale, ours.found_inf = torch.tensor(8.0), torch.tensor(0.0)  # type: ignore[attr-defined]
+    ours.step()
+    reference.step()
+    for p, q in zip(params, twins):
+        _assert_bitwise(p.detach(), q.detach())  # a power-of-two scale divides exactly
+    before = [(p.detach().clone(), {k: v.clone() for k, v in ours.state[p].items()}) for p in params]
+    ours.found_inf = torch.tensor(1.0)  # type: ignore[attr-defined]
+    ours.step()
+    for p, (value, state) in zip(params, before):
+        _assert_bitwise(p.detach(), value)
+        for key, saved in state.items():
+            _assert_bitwise(ours.state[p][key], saved, key)
