@@ -152,6 +152,7 @@ def small_rows(count: int, size: int) -> dict[str, Callable[[], object]]:
         "torch AdamW(fused=True), bare": _bare_fused(model),
         "torch AdamW(foreach=True)": _attaching(replica, grads, foreach.step),
         "clip_grad_norm_(foreach) + AdamW(fused=True), by hand": _by_hand_clip(model),
+        "floor: grad norm + AdamW(fused=True)": _norm_floor(model),
         "optzoo adam, clip_grad=1": _optzoo(model, clip_grad=1.0),
         "optzoo adam, clip_grad=1, fold_clip_and_scale=False": _optzoo(model, clip_grad=1.0, fold_clip_and_scale=False),
     }

@@ -100,7 +100,14 @@ def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tens
             # transposed view, a main_grad buffer) would be applied to the wrong elements.
             grad = torch.empty_like(entry.model, dtype=grad.dtype).copy_(grad)
         if entry.grad_target == "decoupled":
-            decoupled = None if grad is None else grad.to(param_map.decoupled_grad_dtype, copy=True)
+            decoupled_dtype = param_map.decoupled_grad_dtype
+            if grad is None or buffers is None or isinstance(grad, DTensor):
+                decoupled = None if grad is None else grad.to(decoupled_dtype, copy=True)
+            else:
+                decoupled = buffers.get(position)
+                if decoupled is None or decoupled.shape != grad.shape or decoupled.dtype != decoupled_dtype:
+                    decoupled = buffers[position] = torch.empty_like(grad, dtype=decoupled_dtype)
+                copies.append((decoupled, grad))
             setattr(main, "decoupled_grad", decoupled)  # read by the precision-aware Adam
             if decoupled is not None:
                 main_grads.append(decoupled)
