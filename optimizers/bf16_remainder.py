@@ -82,7 +82,7 @@ def split_fp32_into_(master: torch.Tensor, high: torch.Tensor, remainder: torch.
     high.view(torch.int16).copy_(carried)
 
 
-def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
+def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """The fp32 values that :func:`split_fp32` cut into ``(high, remainder)``: exact inverse.
 
     ``bits = (high << 16) + remainder`` with both halves sign-extended: adding a negative
@@ -91,12 +91,14 @@ def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Te
     Args:
         high: bfloat16 high halves (the model params when remainders are stored).
         remainder: int16 remainders, same shape.
+        out: an int32 tensor of ``high``'s shape and layout to write the bits into (a buffer
+            kept between calls); default: a new one.
 
     Returns:
-        A new float32 tensor.
+        A float32 tensor (``out`` viewed as float32, when given).
 
     Raises:
-        TypeError: a dtype is not bfloat16 / int16.
+        TypeError: a dtype is not bfloat16 / int16 / int32 (``out``).
         ValueError: the shapes differ.
 
     Example:
@@ -114,11 +116,16 @@ def join_bf16_remainder(high: torch.Tensor, remainder: torch.Tensor) -> torch.Te
             f"`remainder`: shape differs from the high half's; got {tuple(remainder.shape)}; "
             f"expected {tuple(high.shape)}"
         )
+    if out is not None and (out.dtype != torch.int32 or out.shape != high.shape):
+        raise (TypeError if out.dtype != torch.int32 else ValueError)(
+            f"`out`: must be an int32 tensor of the halves' shape; got {out.dtype} of shape {tuple(out.shape)}; "
+            f"expected torch.int32 of shape {tuple(high.shape)}"
+        )
     # high << 16 lies in [-2**31, 2**31 - 2**16]; the sum overflows int32 only for the wrapped
     # NaNs documented in split_fp32, where two's complement wrap-around restores their bits.
-    bits = high.view(torch.int16).to(torch.int32)
-    # In place, and int32 + int32 (an int32 + int16 add takes torch's slower casting path).
-    bits.bitwise_left_shift_(16).add_(remainder.to(torch.int32))
+    # All in place in one int32 tensor: temporaries cost more here than the arithmetic.
+    bits = out if out is not None else torch.empty_like(high, dtype=torch.int32)
+    bits.copy_(high.view(torch.int16)).bitwise_left_shift_(16).add_(remainder)
     return bits.view(torch.float32)
 
 

@@ -172,9 +172,11 @@ class NewtonSchulzWarning(UserWarning):
 
 
 _PROBE_STEPS_LIMIT = 12
+"""Step counts listed as fine (or not) in a problem's message."""
+_PROBE_STEPS_MAX = 100
+"""Step counts above this are not probed (``schedule_problem`` says ``None``)."""
 
 
-@functools.cache
 def schedule_problem(coefficient_type: CoefficientType, steps: int) -> str | None:
     """What goes wrong with ``steps`` iterations of ``coefficient_type``, or ``None``.
 
@@ -182,7 +184,8 @@ def schedule_problem(coefficient_type: CoefficientType, steps: int) -> str | Non
     its scalar map over σ ∈ [1e-3, 1] shows the problems: a negative output is a sign flip of the
     update along that direction (``aol`` at every step count: σ ≥ 0.885 at 1–4 steps, a nearly
     rank-1 gradient, and most of (0, 1) at 5–8), and outputs below 0.7 for all σ ≥ 0.1 are a
-    collapse (``quintic`` at 6 and 7 steps, cycling back to its first tuples).
+    collapse (``quintic`` at 6 and 7 steps, cycling back to its first tuples). Step counts above
+    100 are not probed.
 
     Example:
         >>> schedule_problem("quintic", 5) is None
@@ -190,6 +193,15 @@ def schedule_problem(coefficient_type: CoefficientType, steps: int) -> str | Non
         >>> print(schedule_problem("quintic", 6))
         maps singular values in [0.1, 1] to [0.06, 0.16] instead of about 1 (quintic has 5 coefficient tuples and cycles past them); steps without this problem: 1-5, 8-10
     """
+    check_choice("`coefficient_type`", coefficient_type, get_args(CoefficientType))  # before the cache hashes it
+    _check_steps(steps)
+    if steps > _PROBE_STEPS_MAX:  # probing costs a pass per step; nobody runs this many on purpose
+        return None
+    return _schedule_problem(coefficient_type, steps)
+
+
+@functools.cache
+def _schedule_problem(coefficient_type: CoefficientType, steps: int) -> str | None:
     description = _scalar_map_problem(coefficient_type, steps)
     if description is None:
         return None

@@ -241,7 +241,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         # 1-element tensor) when it is set, in the fused kernel or as it upcasts the gradient,
         # and skips the update where ``self.found_inf`` is set to 1.
         self._step_supports_amp_scaling = True
-        self._scratch: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._scratch: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         where = f"param group #{index}"
@@ -318,8 +318,8 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         # float64 params keep float64 math; everything else is computed in float32, as in TE.
         compute = torch.float64 if param.dtype == torch.float64 else torch.float32
         master = self._read_master(param, state, compute)
-        exp_avg = self._upcast(state["exp_avg"], compute, 0)
-        exp_avg_sq = self._upcast(state["exp_avg_sq"], compute, 1)
+        exp_avg = self._upcast(state["exp_avg"], compute, "exp_avg")
+        exp_avg_sq = self._upcast(state["exp_avg_sq"], compute, "exp_avg_sq")
         beta1, beta2 = group["betas"]
         grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
         compute_grad = grad.to(compute)
@@ -370,18 +370,19 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         elif self.master_weights:
             state["master_param"] = param.detach().to(self.master_weight_dtype, copy=True)
 
-    def _upcast(self, moment: torch.Tensor, compute: torch.dtype, slot: int) -> torch.Tensor:
-        """``moment`` in ``compute`` dtype: itself when it already is, else a copy in a scratch
-        buffer kept between params and steps (one per moment, sized to the largest param). Fresh
-        tensors for every param cost allocator churn and page faults that doubled the step."""
+    def _upcast(self, moment: torch.Tensor, compute: torch.dtype, slot: str) -> torch.Tensor:
+        """``moment`` in ``compute`` dtype: itself when it already is, else a copy in scratch
+        ``slot``. Fresh tensors for every param cost allocator churn and page faults that doubled
+        the step."""
         if moment.dtype == compute:
             return moment
         if not moment.is_contiguous():  # keep its layout: the fused kernel walks memory order
             return moment.to(compute)
-        return self._upcast_scratch(slot, compute, moment).copy_(moment)
+        return self._scratch_like(slot, compute, moment).copy_(moment)
 
-    def _upcast_scratch(self, slot: int, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
-        """A contiguous ``dtype`` tensor of ``like``'s shape, from scratch ``slot``."""
+    def _scratch_like(self, slot: str, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous ``dtype`` tensor of ``like``'s shape from buffer ``slot``, which is kept
+        between params and steps and sized to the largest param seen."""
         key = (slot, dtype, like.device)
         scratch = self._scratch.get(key)
         if scratch is None or scratch.numel() < like.numel():
@@ -391,12 +392,8 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
     def _read_master(self, param: torch.Tensor, state: dict[str, Any], compute: torch.dtype) -> torch.Tensor:
         if self.store_param_remainders:
             remainder = state["master_param"]
-            if not (param.is_contiguous() and remainder.is_contiguous()):
-                return join_bf16_remainder(param, remainder)
-            bits = self._upcast_scratch(2, torch.int32, param)
-            # join_bf16_remainder's arithmetic, in a buffer kept between params and steps
-            bits.copy_(param.view(torch.int16)).bitwise_left_shift_(16).add_(remainder)
-            return bits.view(torch.float32)
+            out = self._scratch_like("master", torch.int32, param) if param.is_contiguous() else None
+            return join_bf16_remainder(param, remainder, out=out)
         source: torch.Tensor = state["master_param"] if self.master_weights else param
         return source.to(compute)
 

@@ -13,7 +13,7 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 
@@ -405,7 +405,7 @@ class OptimizerConfig:
     def _warn_about_newton_schulz(self) -> None:
         if "muon_num_ns_steps" not in get_spec(self.optimizer).config_fields:
             return
-        problem = schedule_problem(self.muon_coefficient_type, self.muon_num_ns_steps)
+        problem = schedule_problem(cast(CoefficientType, self.muon_coefficient_type), self.muon_num_ns_steps)  # checked above
         if problem is not None:
             warnings.warn(
                 f"muon_coefficient_type={self.muon_coefficient_type!r} with muon_num_ns_steps={self.muon_num_ns_steps}: {problem}",

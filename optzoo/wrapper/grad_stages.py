@@ -32,6 +32,7 @@ from optzoo.wrapper.scalers import MegatronGradScaler
 __all__ = [
     "clear_grads_",
     "clip_by_global_norm_",
+    "clip_needed",
     "count_zeros",
     "find_inf_and_unscale_",
     "global_grad_norm",
@@ -39,6 +40,7 @@ __all__ = [
     "main_params_to_model_params",
     "model_grads_to_main_grads",
     "norm_and_check",
+    "unscaled_norm",
 ]
 
 
@@ -66,6 +68,24 @@ def _model_grad(entry: ParamEntry, param_map: ParamMap) -> torch.Tensor | None:
     return grad
 
 
+def _in_param_layout(grad: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
+    """``grad`` itself, or a copy laid out as ``model``: fused kernels walk param and grad in
+    memory order, so a grad laid out otherwise (a transposed view, a ``main_grad`` buffer) would
+    be applied to the wrong elements."""
+    if isinstance(grad, DTensor) or grad.stride() == model.stride():
+        return grad
+    return torch.empty_like(model, dtype=grad.dtype).copy_(grad)
+
+
+def _reused(buffers: dict[int, torch.Tensor], position: int, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The caller's buffer for entry ``position``: ``like``'s shape and layout in ``dtype``, made
+    once and kept between steps."""
+    buffer = buffers.get(position)
+    if buffer is None or buffer.dtype != dtype or buffer.shape != like.shape or buffer.stride() != like.stride() or buffer.device != like.device:
+        buffer = buffers[position] = torch.empty_like(like, dtype=dtype)
+    return buffer
+
+
 def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Put each local param's gradient where its inner optimizer reads it; returns the main grads.
 
@@ -89,24 +109,22 @@ def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tens
         if is_plain:
             if full_grad is None:
                 continue
-            if type(full_grad) is not DTensor and full_grad.stride() != entry.model.stride():
-                entry.model.grad = full_grad = torch.empty_like(entry.model).copy_(full_grad)  # see below
-            main_grads.append(full_grad)
+            in_layout = _in_param_layout(full_grad, entry.model)
+            if in_layout is not full_grad:
+                entry.model.grad = in_layout
+            main_grads.append(in_layout)
             continue
         assert main is not None  # local entries have one
         grad = None if full_grad is None else part_of(full_grad, entry.part)
-        if grad is not None and entry.part is None and not isinstance(grad, DTensor) and grad.stride() != entry.model.stride():
-            # Fused kernels walk param and grad in memory order: a grad laid out otherwise (a
-            # transposed view, a main_grad buffer) would be applied to the wrong elements.
-            grad = torch.empty_like(entry.model, dtype=grad.dtype).copy_(grad)
+        if grad is not None and entry.part is None:
+            grad = _in_param_layout(grad, entry.model)
         if entry.grad_target == "decoupled":
             decoupled_dtype = param_map.decoupled_grad_dtype
+            assert decoupled_dtype is not None  # set wherever the decoupled target is
             if grad is None or buffers is None or isinstance(grad, DTensor):
                 decoupled = None if grad is None else grad.to(decoupled_dtype, copy=True)
             else:
-                decoupled = buffers.get(position)
-                if decoupled is None or decoupled.shape != grad.shape or decoupled.dtype != decoupled_dtype:
-                    decoupled = buffers[position] = torch.empty_like(grad, dtype=decoupled_dtype)
+                decoupled = _reused(buffers, position, grad, decoupled_dtype)
                 copies.append((decoupled, grad))
             setattr(main, "decoupled_grad", decoupled)  # read by the precision-aware Adam
             if decoupled is not None:
@@ -126,9 +144,7 @@ def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tens
             main_grads.append(main.grad)
             entry.model.grad = None  # the low-precision copy is no longer needed
         else:
-            buffer = buffers.get(position)
-            if buffer is None or buffer.shape != main.shape or buffer.device != main.device:
-                buffer = buffers[position] = torch.empty_like(main, dtype=torch.float32)
+            buffer = _reused(buffers, position, main, torch.float32)
             copies.append((buffer, grad))
             main.grad = buffer
             main_grads.append(buffer)
@@ -224,30 +240,41 @@ def norm_and_check(
     """
     if not grads and group is None:
         return False, None, None
-    norm = global_grad_norm(grads, group, device)
-    if grad_scaler is not None:
-        norm = norm * grad_scaler.inv_scale
+    norm = unscaled_norm(grads, grad_scaler, group, device)
     value = float(norm)
     return not math.isfinite(value), norm, value
 
 
+def unscaled_norm(
+    grads: list[torch.Tensor], grad_scaler: MegatronGradScaler | None, group: dist.ProcessGroup | None, device: torch.device
+) -> torch.Tensor:
+    """The global norm of the still scaled gradients times ``inv_scale``: a 0-dim float32 tensor
+    (float64 for float64 grads), left on the device."""
+    norm = global_grad_norm(grads, group, device)
+    return (norm * grad_scaler.inv_scale).reshape(()) if grad_scaler is not None else norm.reshape(())
+
+
+def clip_needed(max_norm: float, norm_value: float | None) -> bool:
+    """Whether Megatron's clip coefficient ``max_norm / (norm + 1e-6)`` is below 1 (``max_norm``
+    0: clipping is off)."""
+    return max_norm > 0.0 and norm_value is not None and max_norm / (norm_value + 1e-6) < 1.0
+
+
 def grad_factors(
-    norm: torch.Tensor | None, norm_value: float | None, grad_scaler: MegatronGradScaler | None, max_norm: float
+    norm: torch.Tensor | None, grad_scaler: MegatronGradScaler | None, max_norm: float, *, clip: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(multiplier, divisor)`` that bring every gradient to unscaled and clipped, or ``None``
-    when that factor is exactly 1 (no loss scale, and no clipping or a norm within ``max_norm``).
+    """``(multiplier, divisor)``, 0-dim float32 tensors, that bring every gradient to unscaled and
+    clipped, or ``None`` when that factor is exactly 1 (no loss scale and ``clip`` False).
 
     ``multiplier = coefficient / scale`` for a pass over the gradients; ``divisor = scale /
-    coefficient`` for torch's fused kernels, which divide by their ``grad_scale``. The coefficient
-    is Megatron's ``clamp(max_norm / (norm + 1e-6), max=1)``, computed on the device.
+    coefficient`` for torch's fused kernels, which divide by their ``grad_scale``. With ``clip``
+    the coefficient is Megatron's ``clamp(max_norm / (norm + 1e-6), max=1)``, computed on the
+    device (:meth:`~optzoo.MixedPrecisionOptimizer.step` asks :func:`clip_needed` first;
+    ``step_on_device``, which cannot ask, always clips: a coefficient of exactly 1 changes no bit).
     """
-    if norm_value is None and norm is not None and max_norm > 0.0:  # no host value: always apply (the device step)
-        clipped = True
-    else:
-        clipped = max_norm > 0.0 and norm is not None and norm_value is not None and max_norm / (norm_value + 1e-6) < 1.0
-    if grad_scaler is None and not clipped:
+    if grad_scaler is None and not clip:
         return None
-    if not clipped:
+    if not clip:
         assert grad_scaler is not None
         return grad_scaler.inv_scale.reshape(()), grad_scaler.scale.reshape(())
     assert norm is not None

@@ -220,7 +220,8 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if found_inf:
             return False, None, None
         with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
-            factors = grad_stages.grad_factors(norm, norm_value, self.grad_scaler, self.options.clip_grad if clipping else 0.0)
+            max_norm = self.options.clip_grad
+            factors = grad_stages.grad_factors(norm, self.grad_scaler, max_norm, clip=clipping and grad_stages.clip_needed(max_norm, norm_value))
         num_zeros: int | None = None
         if self.options.log_num_zeros_in_grad:  # zeros stay zeros under the positive factor
             with self._timed("optimizer-count-zeros"):
@@ -260,21 +261,15 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if not grads and group is None:
             return torch.ones((), dtype=torch.bool, device=device), None, None
         with self._timed("optimizer-unscale-and-check-inf"):
-            norm = grad_stages.global_grad_norm(grads, group, device)
-            if self.grad_scaler is not None:
-                norm = norm * self.grad_scaler.inv_scale
-            norm = norm.reshape(())
+            norm = grad_stages.unscaled_norm(grads, self.grad_scaler, group, device)
             found_inf = torch.isfinite(norm).logical_not().to(torch.float32)
         with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
-            factors = grad_stages.grad_factors(norm, None, self.grad_scaler, self.options.clip_grad if clipping else 0.0)
+            factors = grad_stages.grad_factors(norm, self.grad_scaler, self.options.clip_grad, clip=clipping)
             divisor = factors[1] if factors is not None else self._one.reshape(())
         with self._timed("optimizer-inner-step"):
             for opt in self.optimizers:
-                opt.grad_scale, opt.found_inf = divisor, found_inf  # type: ignore[attr-defined]
-                try:
+                with _amp_scaling(opt, divisor, found_inf):
                     opt.step()
-                finally:
-                    del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         with self._timed("optimizer-copy-main-to-model-params"):
             grad_stages.main_params_to_model_params(self.param_map)  # a skipped step copies the same values
         return found_inf == 0, norm if clipping else None, None
@@ -309,11 +304,8 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if factors is None:
             opt.step()
         elif takes_grad_scale:
-            opt.grad_scale = factors[1]  # type: ignore[attr-defined]  # torch's GradScaler protocol
-            try:
+            with _amp_scaling(opt, factors[1]):
                 opt.step()
-            finally:
-                del opt.grad_scale  # type: ignore[attr-defined]
         else:
             grads = [local_shard(p.grad) for p in params if p.grad is not None]
             if grads:
@@ -375,6 +367,21 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
             state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
             optimizers=self.optimizers,
         )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _amp_scaling(opt: torch.optim.Optimizer, grad_scale: torch.Tensor, found_inf: torch.Tensor | None = None) -> Iterator[None]:
+    """torch's GradScaler protocol for one step of ``opt``: its kernel divides every gradient by
+    ``grad_scale`` and, with ``found_inf`` set to 1, skips the update."""
+    opt.grad_scale = grad_scale  # type: ignore[attr-defined]
+    if found_inf is not None:
+        opt.found_inf = found_inf  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del opt.grad_scale  # type: ignore[attr-defined]
+        if found_inf is not None:
+            del opt.found_inf  # type: ignore[attr-defined]
 
 
 class FP32Optimizer(MixedPrecisionOptimizer):

@@ -154,6 +154,18 @@ def test_join_and_split_reject_wrong_dtypes_and_shapes() -> None:
         join_bf16_remainder(torch.zeros(3, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int16))
 
 
+
+def test_join_writes_into_out_and_names_an_out_that_does_not_fit() -> None:
+    values = _random_finite_fp32(1 << 12, seed=3)
+    high, remainder = split_fp32(values)
+    out = torch.empty_like(values, dtype=torch.int32)
+    joined = join_bf16_remainder(high, remainder, out=out)
+    assert joined.data_ptr() == out.data_ptr() and torch.equal(joined.view(torch.int32), values.view(torch.int32))
+    with pytest.raises(TypeError, match=r"^`out`: must be an int32 tensor of the halves' shape; got torch.float32 of shape"):
+        join_bf16_remainder(high, remainder, out=torch.empty_like(values))
+    with pytest.raises(ValueError, match=r"^`out`: .*; got torch.int32 of shape \(3,\); expected torch.int32 of shape"):
+        join_bf16_remainder(high, remainder, out=torch.empty(3, dtype=torch.int32))
+
 # --- the optimizer against torch.optim ----------------------------------------------------------
 
 

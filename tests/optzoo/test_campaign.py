@@ -732,3 +732,12 @@ def test_the_campaign_script_finds_nothing_in_its_quick_sample() -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.rstrip().endswith("FAILURES: 0"), run.stdout[-4000:]
+
+
+def test_new_user_schedule_problem_names_bad_input_and_does_not_probe_absurd_step_counts() -> None:
+    with pytest.raises(ValueError, match=r"^`coefficient_type`: unknown value; got \['quintic'\]; expected one of \['simple', "):
+        schedule_problem(["quintic"], 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^`steps`: must be an int; got 2.5; expected an integer >= 1$"):
+        schedule_problem("quintic", 2.5)  # type: ignore[arg-type]
+    assert schedule_problem("aol", 10**400) is None  # not probed: a pass per step
+    OptimizerConfig(optimizer="muon", lr=1e-3, muon_num_ns_steps=10**400)  # builds at once

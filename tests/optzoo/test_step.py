@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,20 +12,29 @@ from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads, tiny_gpt, tokens, twin
 
 
+def _steps_beside_torch_clipping(
+    model: torch.nn.Module, config: OptimizerConfig, steps: int = 5
+) -> Iterator[tuple[tuple[bool, float | None, int | None], float, torch.nn.Module]]:
+    """Step ``model`` with ``config`` beside a twin clipped by ``clip_grad_norm_`` and stepped by
+    fused AdamW, on the same gradients; yields ours, the reference norm and the twin each step."""
+    reference_model = twin(model)
+    ours = get_optimizer(config, model, {})
+    reference = torch.optim.AdamW(reference_model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    generator_a, generator_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        fill_grads(list(model.parameters()), generator_a)
+        fill_grads(list(reference_model.parameters()), generator_b)
+        expected_norm = torch.nn.utils.clip_grad_norm_(list(reference_model.parameters()), config.clip_grad)
+        result = ours.step()
+        reference.step()
+        yield result, float(expected_norm), reference_model
+
+
 def test_clipping_in_passes_equals_torch_clip_grad_norm_then_adamw(odd_model: torch.nn.Module) -> None:
     config = OptimizerConfig(lr=1e-2, weight_decay=0.0, clip_grad=0.5, fold_clip_and_scale=False)
-    reference_model = twin(odd_model)
-    ours = get_optimizer(config, odd_model, {})
-    reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
-    generator_a, generator_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
-    for _ in range(5):
-        fill_grads(list(odd_model.parameters()), generator_a)
-        fill_grads(list(reference_model.parameters()), generator_b)
-        expected_norm = torch.nn.utils.clip_grad_norm_(list(reference_model.parameters()), 0.5)
-        success, norm, zeros = ours.step()
-        reference.step()
+    for (success, norm, zeros), expected_norm, reference_model in _steps_beside_torch_clipping(odd_model, config):
         assert success is True and zeros is None
-        assert norm == pytest.approx(float(expected_norm), rel=1e-6)
+        assert norm == pytest.approx(expected_norm, rel=1e-6)
     for p, q in zip(odd_model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
 
@@ -35,17 +45,8 @@ def test_folded_clipping_rounds_each_gradient_once_and_stays_within_two_ulps_of_
     update is about lr per element whatever the gradient's scale, so a 2-ulp gradient moves each
     step by about lr * 2**-22: after 5 steps the params agree to 5 * lr * 2**-21."""
     config = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_grad=0.5)
-    reference_model = twin(odd_model)
-    ours = get_optimizer(config, odd_model, {})
-    reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
-    generator_a, generator_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
-    for _ in range(5):
-        fill_grads(list(odd_model.parameters()), generator_a)
-        fill_grads(list(reference_model.parameters()), generator_b)
-        expected_norm = torch.nn.utils.clip_grad_norm_(list(reference_model.parameters()), 0.5)
-        success, norm, _ = ours.step()
-        reference.step()
-        assert success is True and norm == pytest.approx(float(expected_norm), rel=1e-6)
+    for (success, norm, _), expected_norm, reference_model in _steps_beside_torch_clipping(odd_model, config):
+        assert success is True and norm == pytest.approx(expected_norm, rel=1e-6)
         for p, q in zip(odd_model.parameters(), reference_model.parameters()):
             assert p.grad is not None and q.grad is not None  # the kernel wrote the clipped gradient back
             torch.testing.assert_close(p.grad, q.grad, atol=0, rtol=2**-22)
