@@ -19,6 +19,7 @@ from torch import nn
 
 from benchmarks._timing import round_robin_medians
 from optzoo import OptimizerConfig, get_optimizer
+from optzoo.optimizers.precision_adam import PrecisionAwareAdam
 
 LR, WEIGHT_DECAY = 1e-3, 0.1
 
@@ -122,6 +123,22 @@ def _optzoo(model: nn.Module, **fields: object) -> Callable[[], object]:
     return _attaching(replica, grads, opt.step)
 
 
+COMPILED: list[PrecisionAwareAdam] = []
+"""The compiled precision-aware optimizers built, for their first-call (compile) time."""
+
+
+def _precision_aware_compiled(model: nn.Module) -> Callable[[], object]:
+    """The precision-aware row with ``PrecisionAwareAdam(compiled=True)`` (not a config field: an
+    opt-in of that optimizer), set on the optimizer that ``get_optimizer`` wrapped."""
+    replica, grads = _with_grads(model, torch.bfloat16)
+    opt = get_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=1.0, **PRECISION_AWARE), replica)  # type: ignore[arg-type]
+    inner = [o for o in getattr(opt, "optimizers", []) if isinstance(o, PrecisionAwareAdam)]
+    assert len(inner) == 1, f"expected one PrecisionAwareAdam inside {type(opt).__name__}"
+    inner[0].compiled = True
+    COMPILED.append(inner[0])
+    return _attaching(replica, grads, opt.step)
+
+
 PRECISION_AWARE = {
     "bf16": True, "use_precision_aware_optimizer": True, "exp_avg_dtype": torch.bfloat16,
     "exp_avg_sq_dtype": torch.bfloat16, "store_param_remainders": True,
@@ -141,6 +158,7 @@ def large_rows(hidden: int, layers: int) -> dict[str, Callable[[], object]]:
         "floor: bf16 copies + AdamW(fused=True)": _copies_floor(model),
         "optzoo adam, bf16 + fp32 main params, clip 1": _optzoo(model, bf16=True, clip_grad=1.0),
         "optzoo adam, bf16 precision-aware (bf16 moments, remainders), clip 1": _optzoo(model, clip_grad=1.0, **PRECISION_AWARE),
+        "same, PrecisionAwareAdam(compiled=True)": _precision_aware_compiled(model),
     }
 
 
@@ -185,6 +203,9 @@ def main() -> None:
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.repeats} steps, turns taken\n")
     print(f"Linear+LayerNorm stack, hidden {args.hidden}, {args.layers} layers: {size / 1e6:.1f}M params, float32 unless noted")
     print(tabulate(table(large_rows(args.hidden, args.layers), args.repeats), headers=headers, floatfmt=".2f"))
+    seconds = COMPILED[-1].compile_seconds
+    print(f"compiled precision-aware update: first call {seconds:.2f} s, compiling included" if seconds is not None
+          else f"compiled precision-aware update: not compiled ({COMPILED[-1].compile_failure})")
     print(f"\n{args.small_count} params of {args.small_size}x{args.small_size}, float32")
     print(tabulate(table(small_rows(args.small_count, args.small_size), args.repeats), headers=headers, floatfmt=".2f"))
 

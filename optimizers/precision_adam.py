@@ -15,6 +15,12 @@ parameter instead of 4, for no loss in the master.
 
 from __future__ import annotations
 
+import importlib
+import logging
+import math
+import time
+import types
+from collections.abc import Callable
 from typing import Any, override
 
 import torch
@@ -26,6 +32,7 @@ from ._checked import CheckedGroupsOptimizer
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
 
 __all__ = [
+    "COMPILED_MOMENT_DTYPES",
     "MASTER_DTYPES",
     "MOMENT_DTYPES",
     "PrecisionAwareAdam",
@@ -78,6 +85,150 @@ def adam_update_(
     step_size = lr / bias_correction1
     denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+logger = logging.getLogger(__name__)
+
+COMPILED_MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+"""Moment dtypes the compiled remainder update reads and writes (others take the eager kernels)."""
+
+_HIGH_HALF = -65536  # 0xFFFF0000 as int32
+_F32 = torch.float32
+
+
+def _even_half(pairs: torch.Tensor) -> torch.Tensor:
+    """The first 16-bit value of each int32 pair (little-endian) as the float it widens to."""
+    return (pairs << 16).view(_F32)
+
+
+def _odd_half(pairs: torch.Tensor) -> torch.Tensor:
+    return (pairs & _HIGH_HALF).view(_F32)
+
+
+def _bf16_in_high_half(x: torch.Tensor) -> torch.Tensor:
+    """torch's fp32 -> bf16 rounding (nearest even; NaN -> 0x7FC0), in the high 16 bits of an int32."""
+    bits = x.view(torch.int32)
+    rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) & _HIGH_HALF
+    return torch.where(x != x, 0x7FC00000, rounded)
+
+
+def _pack(even_high: torch.Tensor, odd_high: torch.Tensor) -> torch.Tensor:
+    """Two values held in high 16 bits, as one int32 pair (even first)."""
+    return odd_high | ((even_high >> 16) & 0xFFFF)
+
+
+def _load_pair(stored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(even, odd) fp32 values of bf16 int32 pairs, (n/2, 1), or of fp32 values, (n/2, 2)."""
+    if stored.dtype == torch.int32:
+        return _even_half(stored[:, 0]), _odd_half(stored[:, 0])
+    return stored[:, 0], stored[:, 1]
+
+
+def _store_pair(stored: torch.Tensor, even: torch.Tensor, odd: torch.Tensor) -> None:
+    if stored.dtype == torch.int32:
+        stored.copy_(_pack(_bf16_in_high_half(even), _bf16_in_high_half(odd)).unsqueeze(1))
+    else:
+        stored.copy_(torch.stack((even, odd), dim=1))
+
+
+def _fused_adam_math(
+    w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, s: torch.Tensor, grad_scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch's CPU fused Adam(W) on fp32 values, rounding as its vectorised loop does: lerp as an
+    explicit FMA; ``v * beta2 + (c2 * g) * g`` and L2's ``g + w * wd`` with their last product
+    contracted into an FMA by the compiler that built torch; a correctly rounded sqrt (eager
+    ``torch.sqrt`` on fp32 is not); no other FMAs. Found by comparing bits, pinned by tests.
+
+    ``s`` holds the kernel's scalars (see :meth:`PrecisionAwareAdam._compiled_scalars`); its
+    branches are selects on flags in ``s``, so one graph serves every setting.
+    """
+    fma = torch.ops.prims.fma
+    g = g / grad_scale
+    w = w * s[0]  # AdamW's 1 - lr * wd; 1, which is exact, otherwise
+    g = torch.where(s[9] != 0, fma(w, s[1], g), g)  # L2 decay, contracted by the compiler too
+    m = fma(s[2], g - m, torch.where(s[8] != 0, m, g))  # lerp: weight, or weight - 1 from g
+    v = fma(s[4] * g, g, v * s[3])
+    w = w + s[7] * m / (torch.sqrt(v) / s[5] + s[6])
+    return w, m, v
+
+
+def _remainder_adam_update(
+    params: torch.Tensor, remainders: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor, scalars: torch.Tensor, grad_scale: torch.Tensor,
+) -> None:
+    """One Adam(W) step of bf16 params with int16 remainders, two elements per int32 lane.
+
+    16-bit tensors arrive as int32 pairs and fp32 ones as (n/2, 2): see :func:`_pairs`. The fp32 master of each element is joined, updated
+    and split in registers: 18 bytes move per element instead of the eager path's ~80.
+    """
+    params, remainders = params[:, 0], remainders[:, 0]
+    masters = []
+    for half in (0, 1):
+        high = params << 16 if half == 0 else params & _HIGH_HALF
+        low = (remainders << 16) >> 16 if half == 0 else remainders >> 16
+        masters.append((high + low).view(_F32))
+    grads, ms, vs = _load_pair(grad), _load_pair(exp_avg), _load_pair(exp_avg_sq)
+    updated = [_fused_adam_math(masters[h], grads[h], ms[h], vs[h], scalars, grad_scale) for h in (0, 1)]
+    _store_pair(exp_avg, updated[0][1], updated[1][1])
+    _store_pair(exp_avg_sq, updated[0][2], updated[1][2])
+    even, odd = (u[0].view(torch.int32) for u in updated)
+    carried_even, carried_odd = ((even >> 15) + 1) >> 1, ((odd >> 15) + 1) >> 1
+    params.copy_((carried_odd << 16) | (carried_even & 0xFFFF))  # views: these write the inputs
+    remainders.copy_((odd << 16) | (even & 0xFFFF))
+
+
+def _pairs(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of a multiple of 16 elements, one element pair per lane: 16-bit values
+    as int32 (n/2, 1) (inductor vectorises int32, not int16; strided bf16 loads are gathers, 2x
+    slower), fp32 as (n/2, 2)."""
+    flat = t.view(-1)
+    return flat.view(torch.int32).view(-1, 1) if flat.element_size() == 2 else flat.view(-1, 2)
+
+
+_VARIANTS: dict[tuple[str, ...], Callable[..., None]] = {}
+"""One compiled function per (device type, grad, exp_avg, exp_avg_sq dtype), shared by every
+optimizer. Each is built on its own copy of the code object, so each has its own dynamo cache:
+one cache for all would recompile per dtype combination and reach dynamo's limit of 8."""
+
+
+def _compiled_variant(args: tuple[torch.Tensor, ...]) -> Callable[..., None]:
+    key = (args[0].device.type, *(str(t.dtype) for t in args[2:5]))
+    fn = _VARIANTS.get(key)
+    if fn is None:
+        importlib.import_module("torch._inductor.inductor_prims")  # registers torch.ops.prims.fma
+        original = _remainder_adam_update
+        code = original.__code__.replace(co_name=f"{original.__name__}_{len(_VARIANTS)}")
+        copy = types.FunctionType(code, original.__globals__, code.co_name, original.__defaults__)
+        # dynamic_threads: a parallel loop whatever size the first call had (inductor sizes its
+        # threading from that call's shapes; a 1024-element first call left 1M-element params serial)
+        fn = _VARIANTS[key] = torch.compile(copy, dynamic=True, fullgraph=True, options={"cpp.dynamic_threads": True})
+    return fn
+
+
+class _CompiledUpdate:
+    """Calls the compiled :func:`_remainder_adam_update`. If compiling fails (no C++ compiler, no
+    Triton), it logs one line and returns False from then on: the caller steps eagerly."""
+
+    def __init__(self) -> None:
+        self.failed: str | None = None
+        self.compile_seconds: float | None = None
+
+    def __call__(self, *args: torch.Tensor) -> bool:
+        if self.failed is not None:
+            return False
+        started = time.perf_counter()
+        try:
+            _compiled_variant(args)(*args)
+        except Exception as error:
+            # Compile errors (all TorchDynamoException) surface before the kernel runs: nothing is written.
+            if not isinstance(error, (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)):
+                raise
+            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            logger.warning("PrecisionAwareAdam: torch.compile is unavailable (%s); using the eager kernels", self.failed)
+            return False
+        if self.compile_seconds is None:
+            self.compile_seconds = time.perf_counter() - started
+        return True
 
 
 def _check_dtype(name: str, dtype: object, allowed: tuple[torch.dtype, ...]) -> None:
@@ -172,13 +323,25 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
             fastest kernel here, and ``step`` then lives on the param's device as float32.
         foreach: torch's foreach kernel, used when the fused one is not: None (default) and True
             use it, False selects the plain per-tensor path (with ``fused`` not True).
+        compiled: in fused groups with ``store_param_remainders``, replace the fused kernel and its
+            eight conversion passes by one ``torch.compile``\ d pass that joins, updates and splits
+            the master in registers (18 bytes moved per element instead of about 80), bit for bit
+            what torch's CPU fused kernel gives (same roundings, FMAs included). It takes params
+            whose count is a multiple of 16, contiguous, with bf16 or fp32 grads and moments;
+            others use the fused kernel. The first call compiles (3-10 s, then cached on disk by
+            inductor); if compiling fails, one warning is logged and the eager kernels run. Default
+            False: on this project's 2-core CPUs it is no faster than the eager kernels (inductor
+            turns each int32/fp32 reinterpretation into a scalar loop; docs/benchmarks.md), and
+            on CUDA it is unmeasured and rounds as torch's CPU kernel does, not as its CUDA one.
+            It reads ``step`` and ``found_inf`` on the host.
 
     Raises:
-        TypeError: a dtype argument is not a ``torch.dtype``, or a param's dtype is unsupported.
+        TypeError: a dtype argument is not a ``torch.dtype``, a param's dtype is unsupported, or
+            ``compiled`` is not a bool.
         ValueError: a hyperparameter is out of range, an option cannot take effect (``fused=True``
-            with ``foreach=True`` or on a device without the kernel), a param cannot be held by
-            the master dtype or the remainders, or (during ``step``) a gradient is sparse or
-            misshapen.
+            with ``foreach=True`` or on a device without the kernel, ``compiled=True`` without
+            remainders), a param cannot be held by the master dtype or the remainders, or (during
+            ``step``) a gradient is sparse or misshapen.
 
     Example:
         >>> w = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
@@ -206,7 +369,15 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         use_decoupled_grad: bool = False,
         fused: bool | None = None,
         foreach: bool | None = None,
+        compiled: bool = False,
     ) -> None:
+        if not isinstance(compiled, bool):
+            raise TypeError(f"`compiled`: must be a bool; got {compiled!r}; expected True or False")
+        if compiled and not store_param_remainders:
+            raise ValueError(
+                "`compiled`: the compiled update is written for bf16 params with int16 remainders; got "
+                "store_param_remainders=False; expected store_param_remainders=True, or compiled=False"
+            )
         _check_dtype("exp_avg_dtype", exp_avg_dtype, MOMENT_DTYPES)
         _check_dtype("exp_avg_sq_dtype", exp_avg_sq_dtype, MOMENT_DTYPES)
         _check_dtype("master_weight_dtype", master_weight_dtype, MASTER_DTYPES)
@@ -242,6 +413,9 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         # and skips the update where ``self.found_inf`` is set to 1.
         self._step_supports_amp_scaling = True
         self._scratch: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        self.compiled = compiled
+        self._compiled_update = _CompiledUpdate()
+        self._skipping: bool | None = None  # found_inf, read once per step where a kernel needs it
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         where = f"param group #{index}"
@@ -297,15 +471,19 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
 
     @override
     def _update(self) -> None:
-        """One update of every param that has a gradient (torch's fused kernel skips itself on
-        a set ``found_inf``; the other kernels are skipped here, after one read of it)."""
-        found_inf: torch.Tensor | None = getattr(self, "found_inf", None)
-        skip_unfused = found_inf is not None and any(not g["fused"] for g in self.param_groups) and bool(found_inf.item())
+        """One update of every param that has a gradient. torch's fused kernel skips itself on a
+        set ``found_inf``; the other kernels are skipped here, after one read of it per step."""
+        self._skipping = None
         for group_index, group in enumerate(self.param_groups):
-            if skip_unfused and not group["fused"]:
-                continue
             for param_index, param in enumerate(group["params"]):
                 self._step_param(param, group, group_index, param_index)
+
+    def _skip_step(self) -> bool:
+        """Whether torch's GradScaler set ``found_inf`` (read from the device once per step)."""
+        if self._skipping is None:
+            found_inf: torch.Tensor | None = getattr(self, "found_inf", None)
+            self._skipping = found_inf is not None and bool(found_inf.item())
+        return self._skipping
 
     def _step_param(self, param: torch.Tensor, group: dict[str, Any], group_index: int, param_index: int) -> None:
         grad: torch.Tensor | None = getattr(param, "decoupled_grad", None) if self.use_decoupled_grad else param.grad
@@ -315,6 +493,11 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         state = self.state[param]
         if not state:
             self._init_state(param, state, group)
+        if self._compiles(param, grad, state, group):
+            if self._skip_step() or self._step_compiled(param, grad, state, group):
+                return
+        elif not group["fused"] and self._skip_step():
+            return
         # float64 params keep float64 math; everything else is computed in float32, as in TE.
         compute = torch.float64 if param.dtype == torch.float64 else torch.float32
         master = self._read_master(param, state, compute)
@@ -348,6 +531,56 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         _store(state["exp_avg"], exp_avg)
         _store(state["exp_avg_sq"], exp_avg_sq)
         self._write_master(param, state, master)
+
+    def _compiles(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> bool:
+        """Whether this param takes the compiled remainder update, which stands in for the fused
+        kernel bit for bit: remainders, bf16 or fp32 grads and moments, contiguous, a multiple of 16 elements."""
+        if not self.compiled or not group["fused"]:
+            return False
+        tensors = (param, grad, state["master_param"], state["exp_avg"], state["exp_avg_sq"])
+        return (
+            # torch's kernel takes its last numel % 8 (AVX2; 16 with AVX512) elements through a scalar
+            # loop that rounds differently; whole vectors only keep the parity simple
+            param.numel() % 16 == 0
+            and grad.dtype in COMPILED_MOMENT_DTYPES
+            and state["exp_avg"].dtype in COMPILED_MOMENT_DTYPES
+            and state["exp_avg_sq"].dtype in COMPILED_MOMENT_DTYPES
+            and all(t.is_contiguous() and t.device == param.device for t in tensors)
+        )
+
+    def _step_compiled(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> bool:
+        """The step through the compiled update; False (nothing changed) if it could not compile."""
+        scalars = self._compiled_scalars(group, float(state["step"].item()) + 1, param.device)
+        grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
+        # One shape and dtype whatever the caller set: each variant is a recompile, and dynamo allows 8.
+        scale = torch.ones(1, device=param.device) if grad_scale is None else grad_scale.reshape(1).to(param.device, torch.float32)
+        done = self._compiled_update(
+            _pairs(param.data), _pairs(state["master_param"]), _pairs(grad), _pairs(state["exp_avg"]),
+            _pairs(state["exp_avg_sq"]), scalars, scale,
+        )
+        if done:
+            state["step"] += 1
+        return done
+
+    @staticmethod
+    def _compiled_scalars(group: dict[str, Any], step: float, device: torch.device) -> torch.Tensor:
+        """The fused kernel's scalars for ``step`` (float32 read as double, as the kernel reads it),
+        each computed in double and rounded once to fp32, as the kernel does, plus the branch flags."""
+        beta1, beta2 = group["betas"]
+        lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
+        decoupled = bool(group["decoupled_weight_decay"]) and weight_decay != 0
+        l2 = not group["decoupled_weight_decay"] and weight_decay != 0
+        weight = float(torch.tensor(1 - beta1, dtype=torch.float32))
+        small_lerp = abs(weight) < 0.5
+        return torch.tensor(
+            [
+                1 - lr * weight_decay if decoupled else 1.0, weight_decay,
+                weight if small_lerp else float(torch.tensor(weight, dtype=torch.float32) - 1),
+                beta2, 1 - beta2, math.sqrt(1 - beta2**step), group["eps"], -(lr / (1 - beta1**step)),
+                float(small_lerp), float(l2),
+            ],
+            dtype=torch.float32, device=device,
+        )
 
     def _check_step_inputs(self, param: torch.Tensor, grad: torch.Tensor, where: str) -> None:
         source = "decoupled_grad" if self.use_decoupled_grad else "grad"
@@ -404,6 +637,17 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         if self.master_weights:
             _store(state["master_param"], master)
         _store(param, master)  # from the computed master, as TE writes the model param
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """Seconds the first call of the compiled update took, compiling included (None before it,
+        or where it never ran)."""
+        return self._compiled_update.compile_seconds
+
+    @property
+    def compile_failure(self) -> str | None:
+        """Why ``torch.compile`` failed (the eager kernels then run), or None."""
+        return self._compiled_update.failed
 
     @torch.no_grad()
     def reload_master_weights_(self) -> None:

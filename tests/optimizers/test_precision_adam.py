@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from optzoo.optimizers.bf16_remainder import join_bf16_remainder, round_half_up_to_bf16, split_fp32
+from optzoo.optimizers import precision_adam
 from optzoo.optimizers.precision_adam import PrecisionAwareAdam
 from tests.optimizers.reference.precision_adam import (
     Kernel,
@@ -709,17 +710,20 @@ def test_data_dependent_errors_raise_during_step() -> None:
         remainders.step()
 
 
-@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True}, {"fused": False, "foreach": False}])
+@pytest.mark.parametrize(
+    "kernel",
+    [{"fused": True, "compiled": False}, {"fused": True, "compiled": True}, {"foreach": True}, {"fused": False, "foreach": False}],
+)
 def test_torchs_grad_scaler_protocol_divides_and_skips_on_every_kernel(kernel: dict[str, bool]) -> None:
     """torch.amp.GradScaler sets ``grad_scale`` and ``found_inf`` on optimizers that declare
     ``_step_supports_amp_scaling`` and then leaves the skip to them: every kernel must honour both."""
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(5, 3, dtype=torch.bfloat16)) for _ in range(2)]
+    params = [torch.nn.Parameter(torch.randn(16, 3, dtype=torch.bfloat16)) for _ in range(2)]  # 48: compiled too
     twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    settings = {"lr": 1e-2, "master_weights": True, "store_param_remainders": True, **kernel}
+    settings: dict[str, Any] = {"lr": 1e-2, "master_weights": True, "store_param_remainders": True, **kernel}
     ours, reference = PrecisionAwareAdam(params, **settings), PrecisionAwareAdam(twins, **settings)
     assert ours._step_supports_amp_scaling
-    grads = [torch.randn(5, 3) for _ in params]
+    grads = [torch.randn(16, 3) for _ in params]
     for p, q, g in zip(params, twins, grads):
         p.grad, q.grad = (g * 8).bfloat16(), g.bfloat16()
     ours.grad_scale, ours.found_inf = torch.tensor(8.0), torch.tensor(0.0)  # type: ignore[attr-defined]
@@ -734,3 +738,109 @@ def test_torchs_grad_scaler_protocol_divides_and_skips_on_every_kernel(kernel: d
         _assert_bitwise(p.detach(), value)
         for key, saved in state.items():
             _assert_bitwise(ours.state[p][key], saved, key)
+
+
+# --- the compiled remainder update --------------------------------------------------------------
+
+COMPILED_SHAPES = [(64, 33), (1024,), (16,), (7,), (3, 5), (34,)]
+"""Counts that are multiples of 16 take the compiled update; (7,), (3, 5) and (34,) the fused kernel."""
+
+
+def _step_remainder_adam(
+    compiled: bool, moments: tuple[torch.dtype, torch.dtype], grad_dtype: torch.dtype, steps: int, **hyper: Any
+) -> tuple[PrecisionAwareAdam, list[torch.nn.Parameter]]:
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape, generator=generator).bfloat16()) for shape in COMPILED_SHAPES]
+    decoupled_grad = grad_dtype != torch.bfloat16  # p.grad must have the param's dtype
+    opt = PrecisionAwareAdam(
+        params, master_weights=True, store_param_remainders=True, exp_avg_dtype=moments[0], exp_avg_sq_dtype=moments[1],
+        use_decoupled_grad=decoupled_grad, compiled=compiled, **hyper,
+    )
+    for step in range(steps):
+        for p in params:
+            grad = torch.randn(p.shape, generator=generator).to(grad_dtype)
+            setattr(p, "decoupled_grad" if decoupled_grad else "grad", grad)
+        if step % 2:  # torch's GradScaler protocol, as optzoo's folded clip uses it
+            opt.grad_scale = torch.tensor([2.0 ** (step % 5) / 3])  # type: ignore[attr-defined]
+        elif hasattr(opt, "grad_scale"):
+            del opt.grad_scale
+        opt.step()
+    return opt, params
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "moments", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16, torch.float32)],
+    ids=["bf16-moments", "fp32-moments", "mixed-moments"],
+)
+def test_compiled_update_is_bit_identical_to_the_fused_kernel(moments: tuple[torch.dtype, torch.dtype], grad_dtype: torch.dtype) -> None:
+    """Every setting the compiled graph selects between: AdamW, L2 and no decay, lerp weights below
+    and above 0.5 (torch's lerp takes another formula there), with and without a loss scale."""
+    settings = [
+        {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1},
+        {"lr": 3e-3, "betas": (0.3, 0.999), "eps": 1e-6, "weight_decay": 0.1, "decoupled_weight_decay": False},
+        {"lr": 1e-3, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.0},
+    ]
+    for hyper in settings:
+        compiled, params = _step_remainder_adam(True, moments, grad_dtype, 12, **hyper)
+        fused, twins = _step_remainder_adam(False, moments, grad_dtype, 12, **hyper)
+        assert compiled.compile_failure is None and compiled.compile_seconds is not None
+        for i, (p, q) in enumerate(zip(params, twins)):
+            where = f"{hyper}, param {COMPILED_SHAPES[i]}"
+            _assert_bitwise(p.detach(), q.detach(), where)
+            for key in ("exp_avg", "exp_avg_sq", "master_param", "step"):
+                _assert_bitwise(compiled.state[p][key], fused.state[q][key], f"{where}: {key}")
+
+
+def test_compiled_update_equals_torch_adamw_on_fp32_masters() -> None:
+    """Against the independent reference: torch.optim.AdamW(fused=True) on fp32 masters, the model
+    param rounded half away from zero and the moments stored in bf16 (nothing shared with the graph)."""
+    generator = torch.Generator().manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(shape, generator=generator).bfloat16()) for shape in [(32, 48), (256,)]]
+    dtypes: dict[str, Any] = {"exp_avg_dtype": torch.bfloat16, "exp_avg_sq_dtype": torch.bfloat16}
+    reference = MasterAdam(params, to_model=round_half_away_to_bf16, kernel="fused", **dtypes, **HYPER)
+    ours = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, compiled=True, **dtypes, **HYPER)
+    for step in range(100):
+        grads = _grads(params, generator)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ours.step()
+        reference.step(grads)
+        for i, (p, expected) in enumerate(zip(params, reference.model())):
+            _assert_bitwise(p.detach(), expected, f"step {step}: param {i}")
+    assert ours.compile_seconds is not None
+    for i, p in enumerate(params):
+        _assert_bitwise(join_bf16_remainder(p.detach(), ours.state[p]["master_param"]), reference.masters[i].detach(), f"master {i}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            _assert_bitwise(ours.state[p][key], reference.moment(i, key), f"{key} {i}")
+
+
+def test_a_failed_compile_logs_once_and_the_fused_kernel_steps(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def no_compiler(fn: Any, **options: Any) -> Any:
+        def failing(*args: Any) -> None:
+            raise torch._dynamo.exc.InternalTorchDynamoError("InvalidCxxCompiler: No working C++ compiler found")
+        return failing
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    monkeypatch.setattr(precision_adam, "_VARIANTS", {})  # not the functions earlier tests compiled
+    fused, twins = _step_remainder_adam(False, (torch.bfloat16, torch.bfloat16), torch.bfloat16, 4)
+    with caplog.at_level("WARNING", logger="optzoo.optimizers.precision_adam"):
+        failed, params = _step_remainder_adam(True, (torch.bfloat16, torch.bfloat16), torch.bfloat16, 4)
+    assert [r.getMessage() for r in caplog.records] == [
+        "PrecisionAwareAdam: torch.compile is unavailable (InternalTorchDynamoError: InvalidCxxCompiler: No working C++ "
+        "compiler found); using the eager kernels"
+    ]
+    assert failed.compile_failure is not None and failed.compile_seconds is None
+    for p, q in zip(params, twins):
+        _assert_bitwise(p.detach(), q.detach())
+        for key in ("exp_avg", "exp_avg_sq", "master_param", "step"):
+            _assert_bitwise(failed.state[p][key], fused.state[q][key], key)
+
+
+def test_compiled_option_is_checked() -> None:
+    (w,) = _params(torch.bfloat16)[:1]
+    with pytest.raises(TypeError, match=r"^`compiled`: must be a bool; got 'yes'; expected True or False$"):
+        PrecisionAwareAdam([w], master_weights=True, store_param_remainders=True, compiled="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^`compiled`: the compiled update is written for bf16 params with int16 remainders; "
+                       r"got store_param_remainders=False; expected store_param_remainders=True, or compiled=False$"):
+        PrecisionAwareAdam([w], master_weights=True, compiled=True)
