@@ -123,6 +123,41 @@ def _optzoo(model: nn.Module, **fields: object) -> Callable[[], object]:
     return _attaching(replica, grads, opt.step)
 
 
+def _bf16_floor(model: nn.Module) -> Callable[[], object]:
+    """What a clipped bf16 step with fp32 mains cannot avoid: the gradient copy into fp32 buffers
+    kept between steps, one norm pass over them, the fused step dividing by ``grad_scale``, and
+    the param copy back to bf16."""
+    replica, grads16 = _with_grads(model, torch.bfloat16)
+    params16 = list(replica.parameters())
+    mains = [p.detach().float() for p in params16]
+    buffers = [torch.empty_like(m) for m in mains]
+    opt = torch.optim.AdamW(mains, lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+    scale = torch.tensor(2.0)
+
+    def step() -> None:
+        torch._foreach_copy_(buffers, grads16)
+        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(buffers)))
+        for main, buffer in zip(mains, buffers, strict=True):
+            main.grad = buffer
+        opt.grad_scale = scale  # type: ignore[attr-defined]
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_copy_(params16, mains)
+
+    return step
+
+
+def _precision_aware_alone(model: nn.Module, compiled: bool) -> Callable[[], object]:
+    """PrecisionAwareAdam by itself on the bf16 params and their bf16 gradients: no fp32 gradient
+    copy, no norm, no clip (the wrapper's share is the difference to the rows that use it)."""
+    replica, grads = _with_grads(model, torch.bfloat16)
+    opt = PrecisionAwareAdam(
+        replica.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, master_weights=True, store_param_remainders=True,
+        exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16, compiled=compiled,
+    )
+    return _attaching(replica, grads, opt.step)
+
+
 COMPILED: list[PrecisionAwareAdam] = []
 """The compiled precision-aware optimizers built, for their first-call (compile) time."""
 
@@ -156,7 +191,10 @@ def large_rows(hidden: int, layers: int) -> dict[str, Callable[[], object]]:
         "optzoo adam, clip_grad=1, fold_clip_and_scale=False": _optzoo(model, clip_grad=1.0, fold_clip_and_scale=False),
         "optzoo adam, clip_grad=0": _optzoo(model, clip_grad=0.0),
         "floor: bf16 copies + AdamW(fused=True)": _copies_floor(model),
+        "floor: bf16 copies into buffers + grad norm + AdamW(fused=True) with grad_scale": _bf16_floor(model),
         "optzoo adam, bf16 + fp32 main params, clip 1": _optzoo(model, bf16=True, clip_grad=1.0),
+        "PrecisionAwareAdam alone (bf16 grads, no norm, no clip)": _precision_aware_alone(model, compiled=False),
+        "PrecisionAwareAdam(compiled=True) alone": _precision_aware_alone(model, compiled=True),
         "optzoo adam, bf16 precision-aware (bf16 moments, remainders), clip 1": _optzoo(model, clip_grad=1.0, **PRECISION_AWARE),
         "same, PrecisionAwareAdam(compiled=True)": _precision_aware_compiled(model),
     }
@@ -171,6 +209,7 @@ def small_rows(count: int, size: int) -> dict[str, Callable[[], object]]:
         "torch AdamW(foreach=True)": _attaching(replica, grads, foreach.step),
         "clip_grad_norm_(foreach) + AdamW(fused=True), by hand": _by_hand_clip(model),
         "floor: grad norm + AdamW(fused=True)": _norm_floor(model),
+        "floor: grad norm + AdamW(fused=True) with grad_scale": _grad_scale_floor(model),
         "optzoo adam, clip_grad=1": _optzoo(model, clip_grad=1.0),
         "optzoo adam, clip_grad=1, fold_clip_and_scale=False": _optzoo(model, clip_grad=1.0, fold_clip_and_scale=False),
     }

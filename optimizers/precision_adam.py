@@ -505,7 +505,11 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         exp_avg_sq = self._upcast(state["exp_avg_sq"], compute, "exp_avg_sq")
         beta1, beta2 = group["betas"]
         grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
-        compute_grad = grad.to(compute)
+        compute_grad = self._upcast(grad, compute, "grad")  # 16-bit grads: a fresh fp32 copy per param page-faults
+        if group["fused"] and compute_grad.stride() != master.stride():
+            # torch's fused kernel walks its tensors in memory order, so a transposed gradient
+            # would be applied to the wrong elements (torch.optim.AdamW(fused=True) does that)
+            compute_grad = torch.empty_like(master).copy_(compute_grad)
         if grad_scale is not None and not group["fused"]:
             compute_grad = torch.div(compute_grad, grad_scale.to(compute_grad.device))
         if group["fused"] or group["foreach"]:
@@ -603,15 +607,15 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         elif self.master_weights:
             state["master_param"] = param.detach().to(self.master_weight_dtype, copy=True)
 
-    def _upcast(self, moment: torch.Tensor, compute: torch.dtype, slot: str) -> torch.Tensor:
-        """``moment`` in ``compute`` dtype: itself when it already is, else a copy in scratch
-        ``slot``. Fresh tensors for every param cost allocator churn and page faults that doubled
-        the step."""
-        if moment.dtype == compute:
-            return moment
-        if not moment.is_contiguous():  # keep its layout: the fused kernel walks memory order
-            return moment.to(compute)
-        return self._scratch_like(slot, compute, moment).copy_(moment)
+    def _upcast(self, value: torch.Tensor, compute: torch.dtype, slot: str) -> torch.Tensor:
+        """``value`` (a moment or a gradient) in ``compute`` dtype: itself when it already is, else
+        a copy in scratch ``slot``. Fresh tensors for every param cost allocator churn and page
+        faults that doubled the step."""
+        if value.dtype == compute:
+            return value
+        if not value.is_contiguous():  # keep its layout: the fused kernel walks memory order
+            return value.to(compute)
+        return self._scratch_like(slot, compute, value).copy_(value)
 
     def _scratch_like(self, slot: str, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
         """A contiguous ``dtype`` tensor of ``like``'s shape from buffer ``slot``, which is kept

@@ -844,3 +844,26 @@ def test_compiled_option_is_checked() -> None:
     with pytest.raises(ValueError, match=r"^`compiled`: the compiled update is written for bf16 params with int16 remainders; "
                        r"got store_param_remainders=False; expected store_param_remainders=True, or compiled=False$"):
         PrecisionAwareAdam([w], master_weights=True, compiled=True)
+
+
+@path_ids
+@pytest.mark.parametrize("remainders", [False, True], ids=["fp32", "bf16-remainders"])
+def test_a_gradient_laid_out_otherwise_gives_the_update_of_a_contiguous_one(path: str, remainders: bool) -> None:
+    """torch's fused kernel walks memory order: a transposed gradient is brought into the
+    master's layout first (torch.optim.AdamW(fused=True) would update the wrong elements)."""
+    options, _ = PATHS[path]
+    dtype = torch.bfloat16 if remainders else torch.float32
+    generator = torch.Generator().manual_seed(11)
+    grad = torch.randn(8, 4, generator=generator).to(dtype)
+    transposed = grad.t().contiguous().t()
+    assert torch.equal(transposed, grad) and transposed.stride() != grad.stride()
+    results = []
+    for g in (grad, transposed):
+        w = torch.nn.Parameter(torch.randn(8, 4, generator=torch.Generator().manual_seed(12)).to(dtype))
+        opt = PrecisionAwareAdam([w], lr=0.1, master_weights=remainders, store_param_remainders=remainders, **options)
+        for _ in range(3):
+            w.grad = g.clone(memory_format=torch.preserve_format)
+            opt.step()
+        results.append((w.detach(), opt.state[w]["exp_avg"]))
+    _assert_bitwise(results[1][0], results[0][0], "param")
+    _assert_bitwise(results[1][1], results[0][1], "exp_avg")
