@@ -250,7 +250,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         Raises:
             ValueError: Something needs the host: an inner optimizer without a device-side skip
                 (only torch's fused Adam/AdamW/SGD and the precision-aware Adam's fused groups
-                have one), a dynamic loss scaler (its hysteresis is host logic),
+                have one, the latter not with ``compiled=True``), a dynamic loss scaler (its hysteresis is host logic),
                 ``log_num_zeros_in_grad``, or ``fold_clip_and_scale=False``. Nothing changes.
         """
         self._check_step_on_device()
@@ -277,11 +277,13 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
     def _check_step_on_device(self) -> None:
         from optzoo.wrapper.scalers import ConstantGradScaler
 
-        needs_host = [
-            f"inner optimizer {type(opt).__name__} ({', '.join(sorted({g.get('optimizer', '?') for g in opt.param_groups}))})"
-            for opt, takes in zip(self.optimizers, self._takes_grad_scale, strict=True)
-            if not takes or not all(g.get("fused") for g in opt.param_groups)
-        ]
+        needs_host = []
+        for opt, takes in zip(self.optimizers, self._takes_grad_scale, strict=True):
+            algorithms = ", ".join(sorted({g.get("optimizer", "?") for g in opt.param_groups}))
+            if not takes or not all(g.get("fused") for g in opt.param_groups):
+                needs_host.append(f"inner optimizer {type(opt).__name__} ({algorithms})")
+            elif getattr(opt, "compiled", False) is True:
+                needs_host.append(f"inner optimizer {type(opt).__name__} ({algorithms}) with compiled=True (it reads found_inf on the host)")
         if self.grad_scaler is not None and not isinstance(self.grad_scaler, ConstantGradScaler):
             needs_host.append(f"a {type(self.grad_scaler).__name__} (its hysteresis is host logic)")
         if self.options.log_num_zeros_in_grad:

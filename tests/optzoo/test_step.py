@@ -373,3 +373,20 @@ def test_step_on_device_names_what_needs_the_host_and_changes_nothing(fields: di
     with pytest.raises(ValueError, match=r"^`step_on_device`: these need the host; got .*" + named):
         opt.step_on_device()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_step_on_device_refuses_the_compiled_precision_aware_update() -> None:
+    """``PrecisionAwareAdam(compiled=True)`` skips on a host read of ``found_inf``."""
+    from optzoo.optimizers.precision_adam import PrecisionAwareAdam
+
+    model = tiny_gpt().to(torch.bfloat16)
+    fields = {"bf16": True, "use_precision_aware_optimizer": True, "store_param_remainders": True}
+    opt = get_optimizer(OptimizerConfig(lr=1e-2, **fields), model, {})  # type: ignore[arg-type]
+    (inner,) = [o for o in opt.optimizers if isinstance(o, PrecisionAwareAdam)]
+    inner.compiled = True
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(0))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"^`step_on_device`: these need the host; got inner optimizer PrecisionAwareAdam "
+                       r"\(adam\) with compiled=True \(it reads found_inf on the host\); expected "):
+        opt.step_on_device()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
