@@ -109,6 +109,12 @@ class ParamMap:
         )
 
     @functools.cached_property
+    def plain_models(self) -> tuple[torch.Tensor, ...] | None:
+        """The local model params when every local entry is plain (see :attr:`plain_local`), else
+        None: the step then collects gradients in one tight loop."""
+        return tuple(e.model for e in self.local) if all(self.plain_local) else None
+
+    @functools.cached_property
     def _by_name(self) -> dict[str, ParamEntry]:
         return {name: entry for entry in self.entries for name in entry.names}
 
