@@ -106,10 +106,11 @@ def _odd_half(pairs: torch.Tensor) -> torch.Tensor:
 
 
 def _bf16_in_high_half(x: torch.Tensor) -> torch.Tensor:
-    """torch's fp32 -> bf16 rounding (nearest even; NaN -> 0x7FC0), in the high 16 bits of an int32."""
+    """torch's fp32 -> bf16 rounding (nearest even; NaN -> 0xFFFF, as its vectorised ``.to`` gives),
+    in the high 16 bits of an int32."""
     bits = x.view(torch.int32)
     rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) & _HIGH_HALF
-    return torch.where(x != x, 0x7FC00000, rounded)
+    return torch.where(x != x, _HIGH_HALF, rounded)
 
 
 def _pack(even_high: torch.Tensor, odd_high: torch.Tensor) -> torch.Tensor:
@@ -158,8 +159,9 @@ def _remainder_adam_update(
 ) -> None:
     """One Adam(W) step of bf16 params with int16 remainders, two elements per int32 lane.
 
-    16-bit tensors arrive as int32 pairs and fp32 ones as (n/2, 2): see :func:`_pairs`. The fp32 master of each element is joined, updated
-    and split in registers: 18 bytes move per element instead of the eager path's ~80.
+    16-bit tensors arrive as int32 pairs and fp32 ones as (n/2, 2) (see :func:`_pairs`). The fp32
+    master of each element is joined, updated and split in registers: 18 bytes move per element
+    instead of the eager path's ~80.
     """
     params, remainders = params[:, 0], remainders[:, 0]
     masters = []
@@ -220,7 +222,7 @@ class _CompiledUpdate:
         try:
             _compiled_variant(args)(*args)
         except Exception as error:
-            # Compile errors (all TorchDynamoException) surface before the kernel runs: nothing is written.
+            # Compile errors and dynamo's recompile limit surface before the kernel runs: nothing is written.
             if not isinstance(error, (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)):
                 raise
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

@@ -792,6 +792,26 @@ def test_compiled_update_is_bit_identical_to_the_fused_kernel(moments: tuple[tor
                 _assert_bitwise(compiled.state[p][key], fused.state[q][key], f"{where}: {key}")
 
 
+def test_compiled_update_writes_the_eager_kernels_bits_for_nan_and_inf_gradients() -> None:
+    """Garbage in, the same garbage out: NaN moments carry the NaN bits torch's ``.to(bfloat16)``
+    writes (0xFFFF), and masters the bits the eager split writes."""
+    results = []
+    for compiled in (True, False):
+        params = [torch.nn.Parameter(torch.randn(4, 8, generator=torch.Generator().manual_seed(5)).bfloat16())]
+        opt = PrecisionAwareAdam(params, master_weights=True, store_param_remainders=True, exp_avg_dtype=torch.bfloat16,
+                                 exp_avg_sq_dtype=torch.bfloat16, compiled=compiled)
+        for step in range(3):
+            grad = torch.randn(4, 8, generator=torch.Generator().manual_seed(step)).bfloat16()
+            grad[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+            params[0].grad = grad
+            opt.step()
+        state = opt.state[params[0]]
+        results.append([params[0].detach().view(torch.int16)] + [state[k].view(torch.int16) for k in ("exp_avg", "exp_avg_sq", "master_param")])
+    assert torch.isnan(results[0][1].view(torch.bfloat16)).any()
+    for name, ours, eager in zip(["param", "exp_avg", "exp_avg_sq", "master_param"], *results):
+        assert torch.equal(ours, eager), name
+
+
 def test_compiled_update_equals_torch_adamw_on_fp32_masters() -> None:
     """Against the independent reference: torch.optim.AdamW(fused=True) on fp32 masters, the model
     param rounded half away from zero and the moments stored in bf16 (nothing shared with the graph)."""
