@@ -136,3 +136,30 @@ def test_reload_model_params_refreshes_the_optimizers_masters(remainders: bool) 
     _train(model, opt, [tokens()])  # lr 0: the step must keep the loaded weights
     for name, param in model.named_parameters():
         assert torch.equal(param, loaded[name]), name
+
+
+def test_the_compiled_update_in_the_wrapper_equals_the_eager_one_bit_for_bit() -> None:
+    """Through the wrapper: fp32 decoupled gradients, the clip folded into ``grad_scale``, bf16
+    moments; the compiled update (set on the inner optimizer) leaves the eager bits everywhere."""
+    config = REMAINDERS.replace(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16, clip_grad=0.05)
+    batches = [tokens() for _ in range(4)]
+    runs = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        model = tiny_gpt().to(torch.bfloat16)
+        opt = get_optimizer(config, model)
+        (inner,) = opt.optimizers
+        assert isinstance(inner, PrecisionAwareAdam)
+        inner.compiled = compiled
+        _train(model, opt, batches)
+        assert compiled is False or (inner.compile_seconds is not None and inner.compile_failure is None)
+        runs.append((model.state_dict(), {name: dict(s) for name, s in opt.state_dict()["state"].items()}))
+    (model_c, state_c), (model_e, state_e) = runs
+    for key, value in model_e.items():
+        assert torch.equal(model_c[key].view(torch.int16), value.view(torch.int16)), key
+    assert state_c.keys() == state_e.keys()
+    for name, saved in state_e.items():
+        for key, value in saved.items():
+            if torch.is_tensor(value):
+                assert torch.equal(state_c[name][key].view(torch.int16) if value.dtype == torch.bfloat16 else state_c[name][key],
+                                   value.view(torch.int16) if value.dtype == torch.bfloat16 else value), (name, key)
