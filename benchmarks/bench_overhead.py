@@ -116,10 +116,20 @@ def _copies_floor(model: nn.Module) -> Callable[[], object]:
     return step
 
 
-def _optzoo(model: nn.Module, **fields: object) -> Callable[[], object]:
+COMPILED: dict[str, PrecisionAwareAdam] = {}
+"""The rows' ``PrecisionAwareAdam(compiled=True)`` optimizers, for their first-call (compile) time."""
+
+
+def _optzoo(model: nn.Module, compiled: str | None = None, **fields: object) -> Callable[[], object]:
+    """``get_optimizer``'s step; with ``compiled`` (the row's name), its precision-aware Adam takes
+    the compiled update (an opt-in of that optimizer, not a config field)."""
     dtype = torch.bfloat16 if fields.get("bf16") else torch.float32
     replica, grads = _with_grads(model, dtype)
     opt = get_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, **fields), replica)  # type: ignore[arg-type]
+    if compiled is not None:
+        (inner,) = [o for o in getattr(opt, "optimizers", []) if isinstance(o, PrecisionAwareAdam)]
+        inner.compiled = True
+        COMPILED[compiled] = inner
     return _attaching(replica, grads, opt.step)
 
 
@@ -147,30 +157,16 @@ def _bf16_floor(model: nn.Module) -> Callable[[], object]:
     return step
 
 
-def _precision_aware_alone(model: nn.Module, compiled: bool) -> Callable[[], object]:
+def _precision_aware_alone(model: nn.Module, compiled: str | None = None) -> Callable[[], object]:
     """PrecisionAwareAdam by itself on the bf16 params and their bf16 gradients: no fp32 gradient
     copy, no norm, no clip (the wrapper's share is the difference to the rows that use it)."""
     replica, grads = _with_grads(model, torch.bfloat16)
     opt = PrecisionAwareAdam(
         replica.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, master_weights=True, store_param_remainders=True,
-        exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16, compiled=compiled,
+        exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16, compiled=compiled is not None,
     )
-    return _attaching(replica, grads, opt.step)
-
-
-COMPILED: list[PrecisionAwareAdam] = []
-"""The compiled precision-aware optimizers built, for their first-call (compile) time."""
-
-
-def _precision_aware_compiled(model: nn.Module) -> Callable[[], object]:
-    """The precision-aware row with ``PrecisionAwareAdam(compiled=True)`` (not a config field: an
-    opt-in of that optimizer), set on the optimizer that ``get_optimizer`` wrapped."""
-    replica, grads = _with_grads(model, torch.bfloat16)
-    opt = get_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=1.0, **PRECISION_AWARE), replica)  # type: ignore[arg-type]
-    inner = [o for o in getattr(opt, "optimizers", []) if isinstance(o, PrecisionAwareAdam)]
-    assert len(inner) == 1, f"expected one PrecisionAwareAdam inside {type(opt).__name__}"
-    inner[0].compiled = True
-    COMPILED.append(inner[0])
+    if compiled is not None:
+        COMPILED[compiled] = opt
     return _attaching(replica, grads, opt.step)
 
 
@@ -193,10 +189,10 @@ def large_rows(hidden: int, layers: int) -> dict[str, Callable[[], object]]:
         "floor: bf16 copies + AdamW(fused=True)": _copies_floor(model),
         "floor: bf16 copies into buffers + grad norm + AdamW(fused=True) with grad_scale": _bf16_floor(model),
         "optzoo adam, bf16 + fp32 main params, clip 1": _optzoo(model, bf16=True, clip_grad=1.0),
-        "PrecisionAwareAdam alone (bf16 grads, no norm, no clip)": _precision_aware_alone(model, compiled=False),
-        "PrecisionAwareAdam(compiled=True) alone": _precision_aware_alone(model, compiled=True),
+        "PrecisionAwareAdam alone (bf16 grads, no norm, no clip)": _precision_aware_alone(model),
+        "PrecisionAwareAdam(compiled=True) alone": _precision_aware_alone(model, compiled="alone"),
         "optzoo adam, bf16 precision-aware (bf16 moments, remainders), clip 1": _optzoo(model, clip_grad=1.0, **PRECISION_AWARE),
-        "same, PrecisionAwareAdam(compiled=True)": _precision_aware_compiled(model),
+        "same, PrecisionAwareAdam(compiled=True)": _optzoo(model, compiled="in the wrapper", clip_grad=1.0, **PRECISION_AWARE),
     }
 
 
@@ -242,9 +238,10 @@ def main() -> None:
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.repeats} steps, turns taken\n")
     print(f"Linear+LayerNorm stack, hidden {args.hidden}, {args.layers} layers: {size / 1e6:.1f}M params, float32 unless noted")
     print(tabulate(table(large_rows(args.hidden, args.layers), args.repeats), headers=headers, floatfmt=".2f"))
-    seconds = COMPILED[-1].compile_seconds
-    print(f"compiled precision-aware update: first call {seconds:.2f} s, compiling included" if seconds is not None
-          else f"compiled precision-aware update: not compiled ({COMPILED[-1].compile_failure})")
+    for row, opt in COMPILED.items():  # each compiles its own variant (bf16 or fp32 gradients)
+        seconds = opt.compile_seconds
+        print(f"compiled update {row}: first call {seconds:.2f} s, compiling included" if seconds is not None
+              else f"compiled update {row}: not compiled ({opt.compile_failure})")
     print(f"\n{args.small_count} params of {args.small_size}x{args.small_size}, float32")
     print(tabulate(table(small_rows(args.small_count, args.small_size), args.repeats), headers=headers, floatfmt=".2f"))
 

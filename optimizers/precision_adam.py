@@ -32,7 +32,7 @@ from ._checked import CheckedGroupsOptimizer
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
 
 __all__ = [
-    "COMPILED_MOMENT_DTYPES",
+    "COMPILED_DTYPES",
     "MASTER_DTYPES",
     "MOMENT_DTYPES",
     "PrecisionAwareAdam",
@@ -89,8 +89,8 @@ def adam_update_(
 
 logger = logging.getLogger(__name__)
 
-COMPILED_MOMENT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
-"""Moment dtypes the compiled remainder update reads and writes (others take the eager kernels)."""
+COMPILED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+"""Gradient and moment dtypes the compiled remainder update takes (others take the eager kernels)."""
 
 _HIGH_HALF = -65536  # 0xFFFF0000 as int32
 _F32 = torch.float32
@@ -373,13 +373,6 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         foreach: bool | None = None,
         compiled: bool = False,
     ) -> None:
-        if not isinstance(compiled, bool):
-            raise TypeError(f"`compiled`: must be a bool; got {compiled!r}; expected True or False")
-        if compiled and not store_param_remainders:
-            raise ValueError(
-                "`compiled`: the compiled update is written for bf16 params with int16 remainders; got "
-                "store_param_remainders=False; expected store_param_remainders=True, or compiled=False"
-            )
         _check_dtype("exp_avg_dtype", exp_avg_dtype, MOMENT_DTYPES)
         _check_dtype("exp_avg_sq_dtype", exp_avg_sq_dtype, MOMENT_DTYPES)
         _check_dtype("master_weight_dtype", master_weight_dtype, MASTER_DTYPES)
@@ -415,7 +408,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         # and skips the update where ``self.found_inf`` is set to 1.
         self._step_supports_amp_scaling = True
         self._scratch: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-        self.compiled = compiled
+        self.compiled = compiled  # checked by the setter, also when set later
         self._compiled_update = _CompiledUpdate()
         self._skipping: bool | None = None  # found_inf, read once per step where a kernel needs it
 
@@ -507,11 +500,12 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         exp_avg_sq = self._upcast(state["exp_avg_sq"], compute, "exp_avg_sq")
         beta1, beta2 = group["betas"]
         grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
-        compute_grad = self._upcast(grad, compute, "grad")  # 16-bit grads: a fresh fp32 copy per param page-faults
-        if group["fused"] and compute_grad.stride() != master.stride():
+        if group["fused"] and grad.stride() != master.stride():
             # torch's fused kernel walks its tensors in memory order, so a transposed gradient
             # would be applied to the wrong elements (torch.optim.AdamW(fused=True) does that)
-            compute_grad = torch.empty_like(master).copy_(compute_grad)
+            compute_grad = torch.empty_like(master).copy_(grad)
+        else:
+            compute_grad = self._upcast(grad, compute, "grad")  # 16-bit: a fresh fp32 copy per param page-faults
         if grad_scale is not None and not group["fused"]:
             compute_grad = torch.div(compute_grad, grad_scale.to(compute_grad.device))
         if group["fused"] or group["foreach"]:
@@ -548,9 +542,9 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
             # torch's kernel takes its last numel % 8 (AVX2; 16 with AVX512) elements through a scalar
             # loop that rounds differently; whole vectors only keep the parity simple
             param.numel() % 16 == 0
-            and grad.dtype in COMPILED_MOMENT_DTYPES
-            and state["exp_avg"].dtype in COMPILED_MOMENT_DTYPES
-            and state["exp_avg_sq"].dtype in COMPILED_MOMENT_DTYPES
+            and grad.dtype in COMPILED_DTYPES
+            and state["exp_avg"].dtype in COMPILED_DTYPES
+            and state["exp_avg_sq"].dtype in COMPILED_DTYPES
             and all(t.is_contiguous() and t.device == param.device for t in tensors)
         )
 
@@ -576,12 +570,12 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
         decoupled = bool(group["decoupled_weight_decay"]) and weight_decay != 0
         l2 = not group["decoupled_weight_decay"] and weight_decay != 0
-        weight = float(torch.tensor(1 - beta1, dtype=torch.float32))
-        small_lerp = abs(weight) < 0.5
+        weight = torch.tensor(1 - beta1, dtype=torch.float32)  # the kernel's lerp weight, in fp32
+        small_lerp = bool(weight.abs() < 0.5)
         return torch.tensor(
             [
                 1 - lr * weight_decay if decoupled else 1.0, weight_decay,
-                weight if small_lerp else float(torch.tensor(weight, dtype=torch.float32) - 1),
+                float(weight if small_lerp else weight - 1),
                 beta2, 1 - beta2, math.sqrt(1 - beta2**step), group["eps"], -(lr / (1 - beta1**step)),
                 float(small_lerp), float(l2),
             ],
@@ -615,7 +609,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         faults that doubled the step."""
         if value.dtype == compute:
             return value
-        if not value.is_contiguous():  # keep its layout: the fused kernel walks memory order
+        if not value.is_contiguous():  # keep its layout (the param's, for the moments)
             return value.to(compute)
         return self._scratch_like(slot, compute, value).copy_(value)
 
@@ -643,6 +637,22 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         if self.master_weights:
             _store(state["master_param"], master)
         _store(param, master)  # from the computed master, as TE writes the model param
+
+    @property
+    def compiled(self) -> bool:
+        """Whether eligible params take the compiled remainder update (see the class's Args)."""
+        return self._compiled
+
+    @compiled.setter
+    def compiled(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"`compiled`: must be a bool; got {value!r}; expected True or False")
+        if value and not self.store_param_remainders:
+            raise ValueError(
+                "`compiled`: the compiled update is written for bf16 params with int16 remainders; got "
+                "store_param_remainders=False; expected store_param_remainders=True, or compiled=False"
+            )
+        self._compiled = value
 
     @property
     def compile_seconds(self) -> float | None:

@@ -250,8 +250,9 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         Raises:
             ValueError: Something needs the host: an inner optimizer without a device-side skip
                 (only torch's fused Adam/AdamW/SGD and the precision-aware Adam's fused groups
-                have one, the latter not with ``compiled=True``), a dynamic loss scaler (its hysteresis is host logic),
-                ``log_num_zeros_in_grad``, or ``fold_clip_and_scale=False``. Nothing changes.
+                have one, the latter not with ``compiled=True``), a dynamic loss scaler (its
+                hysteresis is host logic), ``log_num_zeros_in_grad``, or
+                ``fold_clip_and_scale=False``. Nothing changes.
         """
         self._check_step_on_device()
         group, device = self.process_group, self._one.device
