@@ -27,7 +27,10 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.optim.optimizer import ParamsT
 
 from .._common import check_choice, local_shard
-from .muon import FinishInput, FsdpOrthogonalize, Muon, ScaleMode, as_matrices, compute_dtype, matrix_shape, muon_scale_factor, take_shard
+from .muon import (
+    FinishInput, FsdpOrthogonalize, Muon, ScaleMode, as_matrices, compute_dtype, from_matrices, matrix_shape, muon_scale_factor,
+    take_shard,
+)  # fmt: skip
 from .newton_schulz import CoefficientType, MatmulPrecision
 
 __all__ = [
@@ -191,7 +194,7 @@ class AdaptiveMuon(Muon):
     def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         super()._init_state(param, state, group)
         shape: tuple[int, ...] = tuple(param.shape)  # adamuon: elementwise
-        matrices = list(matrix_shape(param.shape, flatten=group["flatten"]))
+        matrices = list(matrix_shape(param.shape, flatten=group["flatten"], view=self.matrix_view(param, group)))
         if group["moment2_method"] == "normuon":  # per row (or column) of each matrix
             matrices[normuon_reduced_dim(*matrices[-2:])] = 1
             shape = tuple(matrices)
@@ -224,18 +227,22 @@ class AdaptiveMuon(Muon):
         grad: torch.Tensor, direction: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         method, v, flatten = group["moment2_method"], local_shard(state["exp_avg_sq"]), group["flatten"]
+        view = self.matrix_view(param, group)
         beta2, eps = group["beta2"], group["eps"]
         if method == "adamuon":
             update = adamuon_(orthogonal, v, beta2=beta2, eps=eps)
         elif method == "normuon":  # `orthogonal` is whole (_whole_inputs)
-            update = normuon_(as_matrices(orthogonal, flatten=flatten), v, beta2=beta2, eps=eps).reshape(orthogonal.shape)
+            matrices = as_matrices(orthogonal, flatten=flatten, view=view)
+            update = from_matrices(normuon_(matrices, v, beta2=beta2, eps=eps), orthogonal.shape, flatten=flatten, view=view)
         else:  # `grad` and `direction` are whole (_whole_inputs); `orthogonal` only gets a factor per matrix
-            grad, direction = as_matrices(grad, flatten=flatten), as_matrices(direction, flatten=flatten)
+            grad, direction = as_matrices(grad, flatten=flatten, view=view), as_matrices(direction, flatten=flatten, view=view)
             factor = namo_scale_(v, grad=grad, direction=direction, beta2=beta2, eps=eps)
+            if view is not None and factor.numel() > 1:  # one factor per block: back in the param's layout
+                factor = from_matrices(factor, param.shape, flatten=flatten, view=view)
             if isinstance(param, DTensor) and factor.numel() > 1:
                 # a stack: this rank's shard holds some of its matrices (any of its dims may be the sharded one)
                 factor = take_shard(factor.expand(param.shape).contiguous(), param)
             update = orthogonal * factor  # a stack's (..., 1, 1) factors broadcast over the param-shaped tensor
-        rows, cols = matrix_shape(param.shape, flatten=flatten)[-2:]
+        rows, cols = matrix_shape(param.shape, flatten=flatten, view=view)[-2:]
         extra: float = group["extra_scale_factor"]
         return update * muon_scale_factor(rows, cols, group["scale_mode"]) * extra  # upstream's two products, in order

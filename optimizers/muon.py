@@ -58,7 +58,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.optimizer import ParamsT, StateDict
 
-from .._common import INTERNAL_FILES, check_choice, check_flag, describe_param
+from .._common import INTERNAL_FILES, MatrixView, check_choice, check_flag, describe_param
 from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  # re-exported: callers import them from here
 from ._checked import CheckedGroupsOptimizer
 from .muon_ops import (  # re-exported: callers import them from here
@@ -66,6 +66,7 @@ from .muon_ops import (  # re-exported: callers import them from here
     as_matrices as as_matrices,
     compute_dtype as compute_dtype,
     decoupled_weight_decay_ as decoupled_weight_decay_,
+    from_matrices as from_matrices,
     gather_whole as gather_whole,
     matrix_shape as matrix_shape,
     momentum_direction_ as momentum_direction_,
@@ -93,6 +94,7 @@ __all__ = [
     "as_matrices",
     "compute_dtype",
     "decoupled_weight_decay_",
+    "from_matrices",
     "gather_whole",
     "local_shard",
     "matrix_shape",
@@ -120,7 +122,8 @@ FinishInput = Literal["orthogonal", "grad", "direction"]
 @dataclass(frozen=True, eq=False)
 class _Block:
     """One matrix to orthogonalise: rows ``[start, start + rows)`` of each of ``groups`` row groups
-    of matrix ``index`` of ``param``, seen as ``layout = (count, rows, cols)`` (:func:`matrix_shape`)."""
+    of matrix ``index`` of ``param``, seen as ``layout = (count, rows, cols)`` (:func:`matrix_shape`);
+    or, with a ``view`` (how the forward multiplies by the param), its block ``index``."""
 
     param: torch.Tensor  # a DTensor under FSDP2 (its shape is the whole param's)
     group: dict[str, Any]
@@ -129,6 +132,7 @@ class _Block:
     start: int
     rows: int
     groups: int
+    view: MatrixView | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -137,16 +141,29 @@ class _Block:
     @property
     def whole(self) -> bool:
         """Whether the block is the whole param, so its output can serve as the param's (a view, no copy)."""
-        return self.layout[0] == 1 and self.groups == 1 and self.rows == self.layout[1]
+        return self.view is None and self.layout[0] == 1 and self.groups == 1 and self.rows == self.layout[1]
 
     def of(self, full: torch.Tensor) -> torch.Tensor:
-        """This block of a param-shaped tensor (contiguous, or from :meth:`empty_output`), as a ``(groups, rows, cols)`` view."""
+        """This block of a param-shaped tensor (contiguous, or from :meth:`empty_output`), as a
+        ``(groups, rows, cols)`` view; with a ``view``, its ``(out dims..., in dims...)`` view."""
+        if self.view is not None:
+            view = self.view
+            blocks = full.reshape(view.split).permute(view.order)
+            index = self.index
+            position: list[int] = []
+            for size in reversed([view.split[i] for i in view.blocks]):
+                index, rest = divmod(index, size)
+                position.append(rest)
+            return blocks[tuple(reversed(position))]
         _, rows, cols = self.layout
         matrix = full.view(self.layout)[self.index]
         return matrix.view(self.groups, rows // self.groups, cols)[:, self.start : self.start + self.rows]
 
     def in_slot(self, slot: torch.Tensor) -> torch.Tensor:
-        """A batch slot (stored in the block's own orientation) as a ``(groups, rows, cols)`` view."""
+        """A batch slot (stored in the block's own orientation) as a ``(groups, rows, cols)`` view,
+        or, with a ``view``, shaped as :meth:`of` gives the block."""
+        if self.view is not None:
+            return slot.view([self.view.split[i] for i in self.view.rows + self.view.cols])
         return slot.view(self.groups, self.rows, self.layout[2])
 
     def empty_output(self, slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -154,9 +171,12 @@ class _Block:
 
         A stack's matrices take their slot's layout (Newton–Schulz returns tall matrices
         transposed), as a 2-D param's output is its slot: reductions over a matrix in
-        ``_finish_update`` then round the same for both. QKV blocks are gathered row-major.
+        ``_finish_update`` then round the same for both. QKV blocks are gathered row-major, and
+        the blocks of a ``view`` in the param's own layout.
         """
         count, rows, cols = self.layout
+        if self.view is not None:
+            return torch.empty(like.shape, dtype=like.dtype, device=like.device)
         transposed = self.groups == 1 and slot.stride(-2) < slot.stride(-1)
         empty = torch.empty((count, cols, rows) if transposed else self.layout, dtype=like.dtype, device=like.device)
         return (empty.mT if transposed else empty).view(like.shape)
@@ -348,8 +368,21 @@ class Muon(CheckedGroupsOptimizer):
         check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(ScaleMode))
         for key in ("nesterov", "split_qkv", "batched", "flatten"):
             check_flag(f"{where}: `{key}`", group[key])
+        views = group.get("matrix_views")
+        if views is not None and (not isinstance(views, (list, tuple)) or len(views) != len(group["params"])):
+            raise ValueError(
+                f"{where}: `matrix_views`: must give one view (or None) per param; got {type(views).__name__}"
+                f"{f' of {len(views)}' if isinstance(views, (list, tuple)) else ''} for {len(group['params'])} params; "
+                "expected a list parallel to `params`"
+            )
         for param_index, param in enumerate(group["params"]):
             self._check_param(param, group, describe_param(group, index, param_index))
+            view = views[param_index] if views is not None else None
+            if view is not None and (not isinstance(view, MatrixView) or view.param_shape != tuple(param.shape)):
+                raise ValueError(
+                    f"{describe_param(group, index, param_index)}: `matrix_views`: does not view this param; got "
+                    f"{view!r}; expected a MatrixView of shape {tuple(param.shape)}, or None"
+                )
 
     def _check_param(self, param: torch.Tensor, group: dict[str, Any], where: str) -> None:
         name = type(self).__name__
@@ -471,11 +504,30 @@ class Muon(CheckedGroupsOptimizer):
                         f"{where}: gradient is sparse, which {type(self).__name__} does not support; "
                         f"got {param.grad.layout}; expected torch.strided"
                     )
-                for block in self._blocks(param, group, where):
+                for block in self._blocks(param, group, where, self.matrix_view(param, group, param_index)):
                     batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
         return list(batches.values())
 
-    def _blocks(self, param: torch.Tensor, group: dict[str, Any], where: str) -> list[_Block]:
+    def matrix_view(self, param: torch.Tensor, group: dict[str, Any], index: int | None = None) -> MatrixView | None:
+        """The :class:`~optzoo._common.MatrixView` the group's ``matrix_views`` gives ``param`` (at
+        ``index`` in the group, else found by identity), or ``None`` where it is the default one
+        (:meth:`MatrixView.default` under the group's ``flatten``): the stack the plain path takes."""
+        views = group.get("matrix_views")
+        if not views:
+            return None
+        if index is None:
+            index = next((i for i, p in enumerate(group["params"]) if p is param), None)
+            if index is None:
+                return None
+        view: MatrixView | None = views[index]
+        if view is None or view == MatrixView.default(tuple(param.shape), flatten=group["flatten"]):
+            return None
+        return view
+
+    def _blocks(self, param: torch.Tensor, group: dict[str, Any], where: str, view: MatrixView | None = None) -> list[_Block]:
+        if view is not None:  # the blocks the forward multiplies by (experts, heads, groups), each out x in
+            rows, cols = view.shape
+            return [_Block(param, group, (view.count, rows, cols), index, 0, rows, 1, view) for index in range(view.count)]
         *stacked, rows, cols = matrix_shape(param.shape, flatten=group["flatten"])
         layout = (math.prod(stacked), rows, cols)
         split = self._qkv_split(param, group, where)  # only for 2-D params: one matrix
@@ -566,7 +618,8 @@ class Muon(CheckedGroupsOptimizer):
         by_group: dict[dist.ProcessGroup, list[_Block]] = {}
         for block in blocks:
             if block.param not in groups:
-                groups[block.param] = _owner_computed_group(block.param)
+                # owner-computes sends whole matrices as spans of the param: a forward's view is not one
+                groups[block.param] = _owner_computed_group(block.param) if block.view is None else None
             group = groups[block.param]
             if group is not None:
                 by_group.setdefault(group, []).append(block)

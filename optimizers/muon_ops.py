@@ -14,11 +14,12 @@ from typing import Literal, get_args
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from .._common import check_choice
+from .._common import MatrixView, check_choice
 
 __all__ = [
     "ScaleMode",
     "as_matrices",
+    "from_matrices",
     "compute_dtype",
     "decoupled_weight_decay_",
     "gather_whole",
@@ -86,27 +87,54 @@ def qkv_blocks(matrix: torch.Tensor, split: Sequence[int]) -> list[torch.Tensor]
     return list(torch.split(grouped, list(split), dim=1))
 
 
-def matrix_shape(shape: Sequence[int], *, flatten: bool) -> tuple[int, ...]:
+def matrix_shape(shape: Sequence[int], *, flatten: bool, view: MatrixView | None = None) -> tuple[int, ...]:
     """The shape under which a param of ``shape`` is orthogonalised: ``(..., rows, cols)``.
 
-    A 2-D param is one matrix whatever ``flatten`` says. An N-D one is a stack of ``shape[-2:]``
+    With a ``view`` (how the forward multiplies by it: :class:`~optzoo._common.MatrixView`), the
+    stack ``(count, rows, cols)`` of its blocks, or ``(rows, cols)`` when it has none. Otherwise a
+    2-D param is one matrix whatever ``flatten`` says; an N-D one is a stack of ``shape[-2:]``
     matrices over its leading dims (``flatten=False``; e.g. MoE experts), or the one matrix
-    ``(shape[0], prod(shape[1:]))`` (``flatten=True``; e.g. conv filters). A param-shaped
-    contiguous tensor views as this shape with no copy (:func:`as_matrices`).
+    ``(shape[0], prod(shape[1:]))`` (``flatten=True``; e.g. conv filters). Without a view, a
+    param-shaped contiguous tensor views as this shape with no copy (:func:`as_matrices`).
 
     Example:
         >>> matrix_shape((8, 4, 16), flatten=False), matrix_shape((8, 4, 3, 3), flatten=True)
         ((8, 4, 16), (8, 36))
+        >>> transposed = MatrixView(split=(4, 8, 16), origin=(0, 1, 2), blocks=(0,), rows=(2,), cols=(1,))
+        >>> matrix_shape((4, 8, 16), flatten=False, view=transposed)  # [E, in, out]: each expert is 16 x 8
+        (4, 16, 8)
     """
+    if view is not None:
+        return (view.count, *view.shape) if view.blocks else view.shape
     if flatten and len(shape) > 2:
         return (shape[0], math.prod(shape[1:]))
     return tuple(shape)
 
 
-def as_matrices(tensor: torch.Tensor, *, flatten: bool) -> torch.Tensor:
+def as_matrices(tensor: torch.Tensor, *, flatten: bool, view: MatrixView | None = None) -> torch.Tensor:
     """A param-shaped tensor as the matrices it is orthogonalised as (:func:`matrix_shape`): a
-    view where its layout allows (always for a contiguous tensor), else a copy."""
-    return tensor.reshape(matrix_shape(tensor.shape, flatten=flatten))
+    view where its layout allows (always for a contiguous tensor without a ``view``), else a copy."""
+    shape = matrix_shape(tensor.shape, flatten=flatten, view=view)
+    if view is None:
+        return tensor.reshape(shape)
+    return tensor.reshape(view.split).permute(view.order).reshape(shape)
+
+
+def from_matrices(matrices: torch.Tensor, shape: Sequence[int], *, flatten: bool, view: MatrixView | None = None) -> torch.Tensor:
+    """The inverse of :func:`as_matrices`: matrices (or anything broadcast to them) back in the param's ``shape``.
+
+    Example:
+        >>> view = MatrixView(split=(2, 3, 5), origin=(0, 1, 2), blocks=(0,), rows=(2,), cols=(1,))
+        >>> x = torch.randn(2, 3, 5)
+        >>> torch.equal(from_matrices(as_matrices(x, flatten=False, view=view), x.shape, flatten=False, view=view), x)
+        True
+    """
+    if view is None:
+        return matrices.reshape(tuple(shape))
+    stacked = matrices.expand(matrix_shape(shape, flatten=flatten, view=view))
+    permuted = stacked.reshape(tuple(view.split[i] for i in view.order))
+    inverse = sorted(range(len(view.order)), key=lambda k: view.order[k])
+    return permuted.permute(inverse).reshape(tuple(shape))
 
 
 def compute_dtype(param: torch.Tensor) -> torch.dtype:

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypedDict
 import torch
 from torch.distributed.tensor import DTensor
 
-from .._common import SCALAR_ROLES, fused_supported
+from .._common import SCALAR_ROLES, MatrixView, fused_supported
 from . import _emerging
 from .adaptive_muon import AdaptiveMuon
 from .muon import Muon
@@ -47,16 +47,18 @@ vector-like params' lr scales by width); ``orthogonalized``, the Muon family (th
 manages keep its own shape scaling); ``sign`` (Lion) and ``preconditioned`` (SOAP): hidden lr."""
 ParamGroups = list[dict[str, Any]]
 UpdateCost = Callable[[tuple[int, ...], Mapping[str, Any]], float]
-"""FLOPs of one update of a param of this shape, given the group's config fields (``config_fields``)
-and ``flatten`` (whether its N-D params are one flattened matrix)."""
+"""FLOPs of one update of a param of this shape, given the group's config fields (``config_fields``),
+``flatten`` (whether its N-D params are one flattened matrix) and ``matrix_view`` (the
+:class:`~optzoo._common.MatrixView` the forward multiplies it by, or ``None``)."""
 Placement = Literal["take", "take_flattened", "decline", "cannot"]
 """What an algorithm does with a parameter: takes it (as a matrix, a stack of matrices, or
 ``take_flattened``: one matrix of its first dim by the rest), declines it to its fallback
 optimizer unless a rule routes it there explicitly, or cannot take it at all."""
-Place = Callable[[torch.Tensor, frozenset[str], Mapping[str, Any], bool], Placement]
-"""``place(param, roles, config fields, explicit)``: the :data:`Placement` of ``param``, given its
-roles (:data:`optzoo._common.ROLES`), its group's config fields and whether a user rule set
-``optimizer`` for it (an explicit rule overrides a decline, never a ``cannot``)."""
+Place = Callable[[torch.Tensor, frozenset[str], Mapping[str, Any], bool, MatrixView | None], Placement]
+"""``place(param, roles, config fields, explicit, view)``: the :data:`Placement` of ``param``, given its
+roles (:data:`optzoo._common.ROLES`), its group's config fields, whether a user rule set
+``optimizer`` for it (an explicit rule overrides a decline, never a ``cannot``) and how the
+forward multiplies by it (:class:`~optzoo._common.MatrixView`, or ``None`` when not known)."""
 
 ELEMENTWISE_FLOPS_PER_ELEMENT = 10
 """Rough cost of one element of an element-wise update (Adam: ~10 flops), to weigh element-wise
@@ -106,6 +108,9 @@ class OptimizerSpec:
     """It runs under ``use_precision_aware_optimizer`` (typed master weights and moments)."""
     scalar_fallback: bool = False
     """It may be a matrix optimizer's fallback (``muon_scalar_optimizer``): it takes any shape."""
+    matrix_views: bool = False
+    """It steps each param as the matrices its forward multiplies by (blocks and orientation: the
+    group's ``matrix_views``, from the roles record), not as its stored shape says."""
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
@@ -260,39 +265,47 @@ register(
 )
 
 
-def _place_matrix(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, *, n_d: bool) -> Placement:
+def _place_matrix(
+    param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None, *, n_d: bool
+) -> Placement:
     """The Muon family's and SOAP's placement (Keller Jordan's Muon, Megatron-Core, Moonlight).
 
-    Matrices and routers are taken. Embeddings, output heads, biases, norms and vectors (by
-    role) are declined. With ``n_d`` (the Muon family), expert stacks are taken as stacks of
-    matrices, and conv filters as one flattened matrix when ``muon_flatten_conv`` is set (else
-    declined); other N-D params cannot be taken. Megatron's ``use_muon`` tag wins over roles:
-    ``False`` declines, ``True`` takes (where the shape allows), as an explicit rule does.
+    Matrices and routers are taken. Embeddings, output heads, biases, norms, elementwise params
+    and vectors (by role) are declined, and input layers when ``muon_input_layers`` is off. With
+    ``n_d`` (the Muon family), an N-D param is taken as the matrices its forward multiplies by
+    (``view``: experts, heads, groups), else expert stacks as stacks of their last two dims and
+    conv filters as one flattened matrix when ``muon_flatten_conv`` is set (else declined); other
+    N-D params cannot be taken. Megatron's ``use_muon`` tag wins over roles: ``False`` declines,
+    ``True`` takes (where the shape allows), as an explicit rule does.
     """
     ndim = param.dim()
     conv = "conv" in roles and ndim > 2
-    if ndim < 2 or (ndim > 2 and not (n_d and (conv or "expert" in roles))):
+    if ndim < 2 or (ndim > 2 and not (n_d and (conv or "expert" in roles or view is not None))):
         return "cannot"
     if param.numel() == 0:  # a (4, 0) weight: no matrix to orthogonalise or precondition
         return "cannot"
-    take: Placement = "take_flattened" if conv else "take"
+    take: Placement = "take_flattened" if conv and view is None else "take"
     use_muon = getattr(param, "use_muon", None)
     if explicit or use_muon is True:
         return take
-    if use_muon is False or not SCALAR_ROLES.isdisjoint(roles) or (conv and not fields["muon_flatten_conv"]):
-        return "decline"
-    return take
+    declined = (
+        use_muon is False
+        or not SCALAR_ROLES.isdisjoint(roles)
+        or (conv and not fields.get("muon_flatten_conv", True))
+        or ("input" in roles and not fields.get("muon_input_layers", True))
+    )
+    return "decline" if declined else take
 
 
-def _place_muon(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool) -> Placement:
-    return _place_matrix(param, roles, fields, explicit, n_d=True)
+def _place_muon(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:
+    return _place_matrix(param, roles, fields, explicit, view, n_d=True)
 
 
-def _place_soap(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool) -> Placement:
-    return _place_matrix(param, roles, fields, explicit, n_d=False)
+def _place_soap(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:
+    return _place_matrix(param, roles, fields, explicit, view, n_d=False)
 
 
-_DECLINES = "embeddings, heads, biases, norms, vectors, use_muon=False"
+_DECLINES = "embeddings, heads, biases, norms, elementwise params, vectors, use_muon=False"
 
 
 def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
@@ -333,11 +346,15 @@ def soap_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
 
 def newton_schulz_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
     """Newton–Schulz FLOPs of the cheaper variant (:func:`~optzoo.optimizers.newton_schulz.newton_schulz_flops`)
-    of each matrix: a 2-D param, each matrix of a stack (an expert's), or the flattened matrix
-    (``flatten``: ``shape[0]`` by the rest)."""
+    of each matrix: the blocks the forward multiplies by (``matrix_view``), else a 2-D param,
+    each matrix of a stack (an expert's), or the flattened matrix (``flatten``: ``shape[0]`` by
+    the rest)."""
     if len(shape) < 2:
         return elementwise_cost(shape, fields)
-    if fields.get("flatten"):
+    view = fields.get("matrix_view")
+    if isinstance(view, MatrixView):
+        count, (rows, cols) = view.count, view.shape
+    elif fields.get("flatten"):
         count, (rows, cols) = 1, (shape[0], math.prod(shape[1:]))
     else:
         count, (rows, cols) = math.prod(shape[:-2]), shape[-2:]
@@ -358,6 +375,7 @@ def _matrix_only(
     instance_fields: tuple[str, ...],
     group_options: Callable[[Mapping[str, Any]], dict[str, Any]],
     build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer],
+    matrix_views: bool = False,
 ) -> OptimizerSpec:
     """A record for a matrix algorithm that hands everything else to ``muon_scalar_optimizer``,
     as Megatron-Core routes Muon's and SOAP's non-matrix and embedding params to Adam."""
@@ -376,6 +394,7 @@ def _matrix_only(
         place=place,
         fallback_field="muon_scalar_optimizer",
         declines_what=_DECLINES,
+        matrix_views=matrix_views,
     )
 
 
@@ -390,7 +409,7 @@ register(
         place=_place_soap,
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
-            "soap_use_kl_shampoo", "muon_scalar_optimizer",
+            "soap_use_kl_shampoo", "muon_scalar_optimizer", "muon_input_layers",
         ),  # fmt: skip
         instance_fields=("soap_precondition_frequency", "soap_use_kl_shampoo"),
         group_options=lambda c: {
@@ -404,7 +423,7 @@ register(
 _MUON_FIELDS = (
     "muon_momentum", "muon_nesterov", "muon_fp32_matmul_prec", "muon_coefficient_type", "muon_num_ns_steps",
     "muon_scale_mode", "muon_extra_scale_factor", "muon_split_qkv", "muon_tp_mode", "muon_scalar_optimizer",
-    "muon_flatten_conv", "muon_fsdp_orthogonalize",
+    "muon_flatten_conv", "muon_input_layers", "muon_fsdp_orthogonalize",
 )  # fmt: skip
 _MUON_SHAPES = "matrices, expert stacks, conv filters"
 
@@ -440,6 +459,7 @@ register(
         instance_fields=("muon_fsdp_orthogonalize",),
         group_options=_muon_options,
         build=lambda groups, instance: _without_ns_warning(Muon, groups, instance),
+        matrix_views=True,
     )
 )
 
@@ -459,5 +479,6 @@ register(
             "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
         },  # fmt: skip
         build=lambda groups, instance: _without_ns_warning(AdaptiveMuon, groups, instance),
+        matrix_views=True,
     )
 )

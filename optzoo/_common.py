@@ -11,6 +11,7 @@ import heapq
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 
@@ -19,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 __all__ = [
     "INTERNAL_FILES",
+    "MatrixView",
     "assign_least_loaded",
     "finite_number",
     "show_value",
@@ -44,14 +46,100 @@ INTERNAL_FILES: tuple[str, ...] = (
 )
 """``warnings.warn(skip_file_prefixes=...)``: blame the first frame outside optzoo and torch."""
 
-Role = Literal["embedding", "output", "bias", "norm", "expert", "router", "conv", "matrix", "vector"]
-"""What a parameter is, read from the model (``optzoo.routing.roles``): a lookup table, the output
-head, a bias, a norm's scale or shift, a stack of per-expert matrices, an MoE router, a conv
-filter, and, when nothing more is known, a matrix (2-D and up) or a vector (1-D and 0-D). Routing
-and the optimizers' registry records share this vocabulary, so it lives in the bottom layer."""
+Role = Literal[
+    "embedding", "output", "bias", "norm", "elementwise", "expert", "router", "conv", "input", "matrix", "vector",
+]  # fmt: skip
+"""What a parameter is, read from what the model's forward does with it (``optzoo.routing.roles``):
+an input table (read by index, or put into the activations), the output head, a bias, a norm's
+scale or shift, an elementwise parameter (a gain or scale of any shape, an SSM parameter), a stack
+of per-expert matrices, an MoE router, a conv filter, an input layer (a matmul or conv on the raw
+model input), and, when nothing more is known, a matrix (2-D and up) or a vector (1-D and 0-D).
+Routing and the optimizers' registry records share this vocabulary, so it lives in the bottom layer."""
 ROLES: tuple[Role, ...] = get_args(Role)
-SCALAR_ROLES: frozenset[Role] = frozenset({"embedding", "output", "bias", "norm", "vector"})
+SCALAR_ROLES: frozenset[Role] = frozenset({"embedding", "output", "bias", "norm", "elementwise", "vector"})
 """The roles the Muon family hands to its scalar optimizer (Keller Jordan's Muon, Megatron-Core)."""
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """How a forward multiplies by a parameter: as ``count`` matrices of ``rows x cols`` (out x in).
+
+    Reshaped to ``split`` (its shape, with each dim the forward cuts into blocks split in two or
+    more; ``origin[i]`` is the parameter dim that ``split[i]`` comes from), then permuted to
+    ``blocks + rows + cols``, the parameter is the stack ``(count, rows, cols)``: ``rows`` index
+    the product's features, ``cols`` are contracted against the activations. An MoE stack
+    ``[E, out, in]`` is 4 blocks over dim 0; ``[E, in, out]`` the same with rows and cols swapped;
+    experts concatenated as ``[E*ffn, in]`` split dim 0 into ``E x ffn``; a conv filter of
+    ``groups`` splits its output channels into ``groups`` blocks.
+
+    Example:
+        >>> view = MatrixView(split=(4, 3, 8), origin=(0, 0, 1), blocks=(0,), rows=(1,), cols=(2,))
+        >>> view.count, view.shape, view.describe()
+        (4, (3, 8), '4 blocks of 3 x 8 (dim 0: 4 blocks x 3 out, dim 1: in)')
+        >>> MatrixView.default((6, 5, 7), flatten=False).describe()
+        '6 blocks of 5 x 7 (dim 0: blocks, dim 1: out, dim 2: in)'
+    """
+
+    split: tuple[int, ...]
+    origin: tuple[int, ...]
+    blocks: tuple[int, ...]
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        order = sorted(self.blocks + self.rows + self.cols)
+        if order != list(range(len(self.split))) or len(self.origin) != len(self.split) or list(self.origin) != sorted(self.origin):
+            raise ValueError(
+                f"`MatrixView`: blocks, rows and cols must cover each split dim once, origin must be ordered; got "
+                f"split={self.split}, origin={self.origin}, blocks={self.blocks}, rows={self.rows}, cols={self.cols}; "
+                "expected a permutation of range(len(split))"
+            )
+
+    @property
+    def count(self) -> int:
+        """How many matrices (blocks)."""
+        return math.prod(self.split[i] for i in self.blocks)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows, cols)`` of each matrix: output features by contracted features."""
+        return math.prod(self.split[i] for i in self.rows), math.prod(self.split[i] for i in self.cols)
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        """The shape of the parameter it views."""
+        dims = max(self.origin, default=-1) + 1
+        return tuple(math.prod(s for s, o in zip(self.split, self.origin) if o == d) for d in range(dims))
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The permutation of ``split`` dims into ``blocks + rows + cols``."""
+        return self.blocks + self.rows + self.cols
+
+    @classmethod
+    def default(cls, shape: Sequence[int], *, flatten: bool) -> "MatrixView":
+        """The view used when nothing says otherwise: a 2-D ``[out, in]`` matrix; an N-D stack of
+        ``shape[-2:]`` matrices over its leading dims; or, ``flatten``, ``shape[0]`` by the rest."""
+        n = len(shape)
+        if n < 2:
+            raise ValueError(f"`MatrixView.default`: needs 2 or more dims; got shape {tuple(shape)}; expected a matrix or a stack")
+        if flatten or n == 2:
+            return cls(tuple(shape), tuple(range(n)), (), (0,), tuple(range(1, n)))
+        return cls(tuple(shape), tuple(range(n)), tuple(range(n - 2)), (n - 2,), (n - 1,))
+
+    def describe(self) -> str:
+        """``count blocks of rows x cols``, then what each parameter dim is."""
+        rows, cols = self.shape
+        head = f"{rows} x {cols}" if self.count == 1 and not self.blocks else f"{self.count} blocks of {rows} x {cols}"
+        kinds = {i: "blocks" for i in self.blocks} | {i: "out" for i in self.rows} | {i: "in" for i in self.cols}
+        parts = []
+        for dim in sorted(set(self.origin)):
+            members = [i for i, o in enumerate(self.origin) if o == dim]
+            if len(members) == 1:
+                parts.append(f"dim {dim}: {kinds[members[0]]}")
+            else:
+                parts.append(f"dim {dim}: " + " x ".join(f"{self.split[i]} {kinds[i]}" for i in members))
+        return f"{head} ({', '.join(parts)})"
 
 PARAM_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 """Param dtypes the optimizers take: float64 computes in float64, the others in float32."""

@@ -55,7 +55,7 @@ GROUP_FIELDS: tuple[str, ...] = (
     "sgd_momentum",
     "muon_momentum", "muon_split_qkv", "muon_nesterov", "muon_scale_mode", "muon_fp32_matmul_prec",
     "muon_coefficient_type", "muon_num_ns_steps", "muon_tp_mode", "muon_extra_scale_factor",
-    "muon_scalar_optimizer", "muon_flatten_conv",
+    "muon_scalar_optimizer", "muon_flatten_conv", "muon_input_layers",
     "lion_beta1", "lion_beta2",
     "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
     "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
@@ -205,6 +205,13 @@ class OptimizerConfig:
     Muon), when True; to ``muon_scalar_optimizer`` when False. An optzoo extension (Megatron-Core
     has no conv layers); per group, so ``{ParamKey(role="conv"): {"muon_flatten_conv": False}}``
     switches it for some layers."""
+    muon_input_layers: bool = True
+    """Input layers (a matmul or conv applied to the raw model input: a ViT's patch embedding, an
+    audio model's first conv, the first Linear on float features) go to the Muon family when True,
+    as any hidden matrix does (Keller Jordan's Muon takes every conv); to ``muon_scalar_optimizer``
+    when False (the Muon README's "the input embedding ... should be optimized using a standard
+    method", read as covering them). Token embeddings are tables, not input layers: they go to
+    ``muon_scalar_optimizer`` either way. An optzoo extension; per group (``ParamKey(role="input")``)."""
     muon_fsdp_orthogonalize: str = "auto"
     """Under FSDP2, who orthogonalises a sharded matrix: ``owner`` (one rank per matrix, the
     results sent back as shards), ``redundant`` (every rank, each matrix gathered whole) or

@@ -30,7 +30,7 @@ from optzoo.groups import OverrideValue, ResolvedGroup, resolve_group_configs
 from optzoo.lint import lint_routing, warn_findings
 from optzoo.optimizers.registry import get_spec
 from optzoo.reporting import param_group_map
-from optzoo.routing import ParamKey, Routing, named_trainable_parameters
+from optzoo.routing import ExampleInputs, ParamKey, Routing, named_trainable_parameters
 from optzoo.wrapper.mixed_precision import (
     Float16OptimizerWithFloat16Params,
     FP32Optimizer,
@@ -56,6 +56,8 @@ def get_optimizer(
     pg_collection: Any = None,
     expert_process_group: dist.ProcessGroup | None = None,
     lint: bool = True,
+    example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None = None,
+    trace: bool = True,
 ) -> MixedPrecisionOptimizer:
     """Build one optimizer for every trainable parameter of ``model_chunks``.
 
@@ -85,6 +87,13 @@ def get_optimizer(
             or sharded over it, and the rest over the data-parallel group (Megatron-Core's
             separate expert optimizer). It must lie in the data-parallel group and divide it.
         lint: Run the routing linter (:mod:`optzoo.lint`) and warn once per finding.
+        example_inputs: Inputs of one forward of the model, from which each parameter's role is
+            read (:func:`optzoo.routing.infer_roles`): a tensor, a tuple of positional inputs or a
+            dict of keyword inputs; only shapes and dtypes matter (the forward runs on the meta
+            device). Default: made from the model (Hugging Face configs, or the first layer of a
+            module taking one tensor); a list with one entry per chunk for several chunks.
+        trace: Read roles from the forward (default); ``False`` guesses them from module types
+            and names, as when the forward cannot run.
 
     Returns:
         A :class:`Float16OptimizerWithFloat16Params` when ``fp16``/``bf16`` (fp32 main copies of
@@ -108,7 +117,9 @@ def get_optimizer(
         [('adam', 0.1, ['0.weight']), ('adam', 0.0, ['0.bias', '1.weight', '1.bias'])]
     """
     chunks = _trainable_chunks(model_chunks)
-    groups, routing = resolve_group_configs(config, chunks, config_overrides, strict=strict)
+    groups, routing = resolve_group_configs(
+        config, chunks, config_overrides, strict=strict, example_inputs=example_inputs, trace=trace
+    )
     if lint:
         warn_findings(lint_routing(groups, routing))
     group = data_parallel_group(config, groups, process_group=process_group, pg_collection=pg_collection)

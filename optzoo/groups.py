@@ -10,10 +10,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from optzoo._common import finite_number, jsonable, show_value
+from optzoo._common import MatrixView, finite_number, jsonable, show_value
 from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
 from optzoo.optimizers.registry import get_spec
-from optzoo.routing import ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
+from optzoo.routing import ExampleInputs, ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
 __all__ = [
     "ALLOWED_OVERRIDE_KEYS",
@@ -157,12 +157,30 @@ class ResolvedGroup:
         }
         if self.flatten:
             group["flatten"] = True
+        views = self.matrix_views(group["param_names"])
+        if views is not None:
+            group["matrix_views"] = views
         # As in Megatron-Core, only a group whose override sets them carries start_wd/end_wd, so a
         # scheduler's own range (e.g. a ramp 0.0 -> 0.1) reaches every other group.
         for name in ("start_wd", "end_wd"):
             if getattr(self, name) is not None:
                 group[name] = getattr(self, name)
         return group
+
+    def matrix_views(self, names: Sequence[str]) -> list[MatrixView | None] | None:
+        """The forward's :class:`~optzoo._common.MatrixView` of each named param, for optimizers that
+        step params as those matrices (the record's ``matrix_views``); ``None`` when none has one."""
+        if not get_spec(self.optimizer).matrix_views:
+            return None
+        by_name = {name: routed.roles.view for routed, name in zip(self.params, self.param_names)}
+        views = [by_name.get(name) for name in names]
+        return views if any(view is not None for view in views) else None
+
+    def matrix_view_of(self, param: torch.Tensor) -> MatrixView | None:
+        """The view ``param`` is stepped as (:meth:`matrix_views`), or ``None``."""
+        if not get_spec(self.optimizer).matrix_views:
+            return None
+        return next((routed.roles.view for routed in self.params if routed.param is param), None)
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly description: effective hyperparameters and the full resolved config."""
@@ -213,8 +231,13 @@ def resolve_group_configs(
     config_overrides: Mapping[ParamKey, OverrideValue] | None = None,
     *,
     strict: bool = False,
+    example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None = None,
+    trace: bool = True,
 ) -> tuple[list[ResolvedGroup], Routing]:
     """Route the parameters and resolve each group's config; nothing is built yet.
+
+    ``example_inputs`` and ``trace`` say how roles are read: see
+    :func:`optzoo.routing.infer_roles` (default: one forward on inputs made from the model).
 
     Raises:
         ValueError: Conflicting overrides, an unknown or model-wide override field, an invalid
@@ -225,7 +248,9 @@ def resolve_group_configs(
     if config_overrides is not None:
         _warn_if_decoupled_lr_is_unused(config, overrides)
     # The standard rules are ours, not the user's: one that matches nothing is not a typo.
-    routing = resolve_param_groups(chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None)
+    routing = resolve_param_groups(
+        chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None, example_inputs=example_inputs, trace=trace
+    )
     resolved: list[ResolvedGroup] = []
     for index, group in enumerate(routing.groups):
         rules = sorted({k for routed in group.params for k in routed.matched})
@@ -277,7 +302,7 @@ def _hand_off_to_fallback(
     moved: list[RoutedParam] = []
     declined: list[RoutedParam] = []
     for routed in params:
-        placement = spec.place(routed.param, routed.roles.names, fields, explicit)
+        placement = spec.place(routed.param, routed.roles.names, fields, explicit, routed.roles.view)
         if placement == "cannot":
             if explicit:
                 rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]

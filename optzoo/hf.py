@@ -25,7 +25,9 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from collections.abc import Iterator
 
+import torch
 from torch import nn
 
 __all__ = [
@@ -131,29 +133,104 @@ def tag_hf_model(model: nn.Module) -> dict[str, str]:
 
 
 def _tiny_kwargs(config_class: Any) -> dict[str, Any]:
-    """:data:`TINY_SHAPE` restricted to the fields ``config_class`` has, plus in-vocab special tokens."""
+    """:data:`TINY_SHAPE` restricted to the fields ``config_class`` has, plus in-vocab token ids."""
     defaults = config_class()
-    kwargs: dict[str, Any] = {
-        field: value for field, value in TINY_SHAPE.items() if getattr(defaults, field, None) is not None
-    }
-    vocab = kwargs.get("vocab_size", getattr(defaults, "vocab_size", None))
-    for field in _SPECIAL_TOKENS:
-        # GPT-2's 50256 is outside a 256-token vocabulary: unset it rather than log a warning
-        # (and index past the embedding in generation).
-        token = getattr(defaults, field, None)
-        ids = token if isinstance(token, list) else [token]
-        if vocab is not None and any(isinstance(i, int) and i >= vocab for i in ids):
-            kwargs[field] = None
+    kwargs: dict[str, Any] = {field: value for field, value in TINY_SHAPE.items() if _read(defaults, field) is not None}
+    vocab = kwargs.get("vocab_size", _read(defaults, "vocab_size"))
+    experts = any(_read(defaults, field) for field in ("n_routed_experts", "num_experts", "num_local_experts"))
+    if experts and hasattr(defaults, "num_experts_per_tok") and _read(defaults, "num_experts_per_tok") is None:
+        kwargs["num_experts_per_tok"] = TINY_SHAPE["num_experts_per_tok"]  # DeepSeek-V2's default leaves top-k unset
+    if vocab is None and _read(_read(defaults, "text_config"), "vocab_size") is not None:
+        vocab = TINY_SHAPE["vocab_size"]  # a multimodal config: its text model gets the tiny vocabulary
+    if isinstance(vocab, int):
+        kwargs.update(_in_vocab_token_ids(defaults, vocab))
     return kwargs
 
 
+def _read(config: Any, field: str) -> Any:
+    """``getattr(config, field, None)``; ``None`` too where a config refuses a global read of a per-layer field."""
+    try:
+        return getattr(config, field, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return None
+
+
+def _in_vocab_token_ids(defaults: Any, vocab: int) -> dict[str, Any]:
+    """Token-id fields (``eos_token_id``, ``image_token_id``, ...) moved into a ``vocab``-sized vocabulary.
+
+    GPT-2's 50256 is outside 256 tokens: each distinct id outside is given one of the top ids
+    (equal ids stay equal, so GPT-2's bos, eos and pad stay one token), so models that look for
+    them (CLIP's pooling at ``eos``, sequence classification's ``pad``) find them.
+    """
+    try:
+        values = defaults.to_dict()
+    except Exception:  # not a transformers config
+        return {}
+    fields = {k: v for k, v in values.items() if k.endswith(("_token_id", "_token_index", "_token_ids")) or k in _SPECIAL_TOKENS}
+    outside = sorted({i for v in fields.values() for i in (v if isinstance(v, list) else [v]) if isinstance(i, int) and i >= vocab})
+    moved = {old: vocab - 1 - k for k, old in enumerate(outside)}
+    if len(moved) >= vocab:
+        return {}
+    result: dict[str, Any] = {}
+    for field, value in fields.items():
+        ids = value if isinstance(value, list) else [value]
+        if any(isinstance(i, int) and i in moved for i in ids):
+            new = [moved.get(i, i) if isinstance(i, int) else i for i in ids]
+            result[field] = new if isinstance(value, list) else new[0]
+    return result
+
+
+_LAYER_COUNTS = ("num_hidden_layers", "num_layers", "encoder_layers", "decoder_layers", "n_layer", "num_decoder_layers")
+"""Depth fields a config may have; the second, gentler tier of :func:`_tiny_configs` sets only these (to 2)."""
+
+
+def _tiny_configs(config_class: Any, base: type) -> Iterator[Any]:
+    """``config_class`` built ever less tiny: :data:`TINY_SHAPE` where it takes it (then without its
+    grouped-query sizes), then only its depth at 2, then its defaults; its sub-configs (a vision
+    tower, a text model) the same way.
+
+    A class's own checks (sizes that must divide) or its model's (Whisper's decoder keeps 6 heads
+    when ``num_attention_heads`` maps to the encoder's) refuse some tiny sizes: the caller takes
+    the first config that builds what it needs.
+    """
+    try:
+        defaults = config_class()
+    except Exception:
+        return
+    sub_classes = {
+        name: type(_read(defaults, name))
+        for name in (getattr(config_class, "sub_configs", None) or {})
+        if isinstance(_read(defaults, name), base)
+    }
+    depth = {field: _read(defaults, field) for field in _LAYER_COUNTS}
+    tiny = _tiny_kwargs(config_class)
+    repairs = {k: v for k, v in tiny.items() if k == "num_experts_per_tok" and _read(defaults, k) is None}
+    tiers: list[dict[str, Any]] = [
+        tiny,
+        {k: v for k, v in tiny.items() if k not in ("num_key_value_heads", "head_dim")},  # DeepSeek-V2's MLA: no GQA
+        {field: 2 for field, value in depth.items() if isinstance(value, int) and not isinstance(value, bool) and value > 2} | repairs,
+    ]
+    for tier, kwargs in enumerate(tiers):
+        for name, sub_class in sub_classes.items():
+            subs = list(_tiny_configs(sub_class, base))
+            if subs:
+                kwargs[name] = subs[min(tier, len(subs) - 1)]
+        try:
+            yield config_class(**kwargs)
+        except Exception:  # the class's own checks: the next, gentler tier
+            continue
+    yield defaults
+
+
 def load_hf_config(spec: str) -> Any:
-    """A ``transformers`` config from a config class name (tiny sizes) or a local ``config.json``.
+    """A ``transformers`` config from a config or model class name (tiny sizes) or a local ``config.json``.
 
     Args:
         spec: A config class exported by ``transformers`` (``"LlamaConfig"``, ``"GPT2Config"``),
-            built with :data:`TINY_SHAPE`; or a path to a ``config.json`` file, or to a folder
-            holding one, used as is. A path contains ``/`` or ends in ``.json``.
+            or a model class (``"BertForQuestionAnswering"``: its ``config_class``), built with
+            :data:`TINY_SHAPE` where the class has those fields (its sub-configs too: a vision
+            tower, a text model); or a path to a ``config.json`` file, or to a folder holding one,
+            used as is. A path contains ``/`` or ends in ``.json``.
 
     Returns:
         A ``transformers.PreTrainedConfig``. Nothing is downloaded: a path is read with
@@ -162,7 +239,7 @@ def load_hf_config(spec: str) -> Any:
     Raises:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError: The path does not exist.
-        ValueError: Not a config class name, or the JSON has no ``model_type``.
+        ValueError: Not a config or model class name, or the JSON has no ``model_type``.
     """
     transformers = _transformers()
     base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
@@ -180,24 +257,78 @@ def load_hf_config(spec: str) -> Any:
                 "expected a Hugging Face config.json, e.g. with \"model_type\": \"llama\""
             )
         return transformers.AutoConfig.for_model(model_type, **values)
-    config_class = getattr(transformers, spec, None) if spec.isidentifier() else None
+    config_class = _model_class(spec, transformers)
+    config_class = getattr(config_class, "config_class", None) if config_class is not None else (
+        getattr(transformers, spec, None) if spec.isidentifier() else None
+    )  # fmt: skip
     if not (isinstance(config_class, type) and issubclass(config_class, base)):
         raise ValueError(
-            f"`hf:{spec}`: not a transformers config class; got {spec!r}; expected a class name such as "
-            "LlamaConfig or GPT2Config, or a path to a config.json"
+            f"`hf:{spec}`: not a transformers config or model class; got {spec!r}; expected a class name such as "
+            "LlamaConfig, GPT2Config or BertForQuestionAnswering, or a path to a config.json"
         )
-    return config_class(**_tiny_kwargs(config_class))
+    return next(_tiny_configs(config_class, base))
+
+
+def _causal_lm(spec: str, config: Any) -> nn.Module:
+    try:
+        model: nn.Module = _transformers().AutoModelForCausalLM.from_config(config)
+    except ValueError as error:
+        if "Unrecognized configuration class" not in str(error):
+            raise  # a bad value in the config itself: transformers' message says which
+        raise ValueError(
+            f"`hf:{spec}`: AutoModelForCausalLM has no model for this config; got {type(config).__name__}; "
+            "expected a decoder config such as LlamaConfig or GPT2Config, or a model class such as "
+            "BertForQuestionAnswering"
+        ) from error
+    return model
+
+
+def _first_config_that_runs(spec: str, model_class: Any, configs: Iterator[Any]) -> Any:
+    """The first of ``configs`` whose model builds and runs a forward (on the meta device, so it
+    costs no memory); else the first that builds. Tiny sizes can break a model's own assumptions
+    (ConvNeXt's four stage widths for two stages): the next, less tiny config is tried."""
+    from optzoo.routing import trace_uses
+
+    first, error = None, None
+    for config in configs:
+        try:
+            with torch.device("meta"):
+                candidate = model_class(config) if model_class is not None else _causal_lm(spec, config)
+        except Exception as failure:  # sizes this model refuses: the next, gentler tier
+            error = failure
+            continue
+        first = first if first is not None else config
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            uses, _ = trace_uses(candidate)
+        if uses is not None:
+            return config
+    if first is None:
+        raise ValueError(f"`hf:{spec}`: the model does not build from its config; got {type(error).__name__}: {error}") from error
+    return first
+
+
+def _model_class(spec: str, transformers: ModuleType) -> Any:
+    """The ``transformers`` model class named ``spec`` (``BertForQuestionAnswering``), or ``None``."""
+    if not spec.isidentifier():
+        return None
+    cls = getattr(transformers, spec, None)
+    base = getattr(transformers, "PreTrainedModel", None)
+    return cls if isinstance(cls, type) and base is not None and issubclass(cls, base) else None
 
 
 def build_hf_model(spec: str) -> nn.Module:
-    """A randomly initialised causal LM: ``AutoModelForCausalLM.from_config`` of :func:`load_hf_config`.
+    """A randomly initialised model: the class ``spec`` names, or a causal LM for a config.
 
     Builds on the current default device, so ``with torch.device("meta"):`` gives shapes without
     memory (what ``optzoo dump-param-groups --model hf:LlamaConfig`` does). Seed torch first
     for a reproducible init.
 
     Args:
-        spec: See :func:`load_hf_config` (without the ``hf:`` prefix of ``--model``).
+        spec: A model class (``"BertForQuestionAnswering"``, ``"ViTForImageClassification"``),
+            built from its tiny config; or a config class or ``config.json`` (see
+            :func:`load_hf_config`, without the ``hf:`` prefix of ``--model``), built as
+            ``AutoModelForCausalLM.from_config``.
 
     Returns:
         The model, untouched: optzoo reads its roles from it.
@@ -211,18 +342,18 @@ def build_hf_model(spec: str) -> nn.Module:
         >>> model = build_hf_model("LlamaConfig")
         >>> [(name, tuple(p.shape)) for name, p in model.named_parameters()][:3]
         [('model.embed_tokens.weight', (256, 64)), ('model.layers.0.self_attn.q_proj.weight', (64, 64)), ('model.layers.0.self_attn.k_proj.weight', (32, 64))]
+        >>> type(build_hf_model("BertForQuestionAnswering").qa_outputs).__name__
+        'Linear'
     """
-    config = load_hf_config(spec)
-    try:
-        model = _transformers().AutoModelForCausalLM.from_config(config)
-    except ValueError as error:
-        if "Unrecognized configuration class" not in str(error):
-            raise  # a bad value in the config itself: transformers' message says which
-        raise ValueError(
-            f"`hf:{spec}`: AutoModelForCausalLM has no model for this config; got {type(config).__name__}; "
-            "expected a decoder config such as LlamaConfig or GPT2Config"
-        ) from error
+    transformers = _transformers()
+    model_class = _model_class(spec, transformers)
+    if model_class is None and ("/" in spec or spec.endswith(".json")):
+        model = _causal_lm(spec, load_hf_config(spec))
+    else:
+        base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
+        config_class = model_class.config_class if model_class is not None else load_hf_config(spec).__class__
+        config = _first_config_that_runs(spec, model_class, _tiny_configs(config_class, base))
+        model = model_class(config) if model_class is not None else _causal_lm(spec, config)
     if not isinstance(model, nn.Module):  # pragma: no cover - transformers always returns modules
-        raise TypeError(f"`hf:{spec}`: from_config returned {type(model).__name__}; expected a torch.nn.Module")
+        raise TypeError(f"`hf:{spec}`: the model class returned {type(model).__name__}; expected a torch.nn.Module")
     return model
-

@@ -26,7 +26,9 @@ from .recipes import (
     overrides_from_entries,
     overrides_to_entries,
 )
-from .roles import ROLE_ATTRIBUTE, ParamRoles, infer_roles, param_roles
+from .dataflow import ParamUse, TraceError, observe
+from .inputs import ExampleInputs, example_inputs, trace_uses
+from .roles import ROLE_ATTRIBUTE, GuessedRolesWarning, ParamRoles, infer_roles, param_roles
 from .resolve import (
     Override,
     ParamGroupSpec,
@@ -40,6 +42,13 @@ from .standard import standard_overrides
 
 __all__ = [
     "ROLE_ATTRIBUTE",
+    "ExampleInputs",
+    "GuessedRolesWarning",
+    "ParamUse",
+    "TraceError",
+    "example_inputs",
+    "observe",
+    "trace_uses",
     "Override",
     "ParamGroupSpec",
     "ParamKey",

@@ -13,6 +13,7 @@ import torch
 
 from .._common import shorten
 from .keys import ParamKey
+from .inputs import ExampleInputs
 from .roles import ParamRoles, infer_roles
 
 __all__ = [
@@ -183,6 +184,8 @@ def resolve_param_groups(
     strict: bool = False,
     warn_unmatched: bool = True,
     roles: Mapping[int, ParamRoles] | None = None,
+    example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None = None,
+    trace: bool = True,
 ) -> Routing:
     """Match every trainable parameter against every key and group identical merged overrides.
 
@@ -194,7 +197,11 @@ def resolve_param_groups(
         warn_unmatched: Warn about keys that match nothing (off for built-in defaults, which
             need not apply to every model); ``strict`` still raises.
         roles: Every parameter's roles by ``id(param)``; default :func:`~optzoo.routing.roles.infer_roles`
-            of ``model_chunks``. ``ParamKey(role=...)`` matches against them.
+            of ``model_chunks`` (with ``example_inputs`` and ``trace``). ``ParamKey(role=...)``
+            matches against them.
+        example_inputs: Inputs of one forward, to read roles from what it does with each
+            parameter (see :func:`~optzoo.routing.roles.infer_roles`); default: made from the model.
+        trace: Observe the forward for roles (default); ``False`` guesses them from module types and names.
 
     Returns:
         A :class:`Routing`: the groups in the documented order, plus provenance.
@@ -232,7 +239,7 @@ def resolve_param_groups(
     group_of_match: dict[tuple[int, ...], int] = {}
     indexed_keys = list(enumerate(keys))
     trainable = named_trainable_parameters(chunks)  # checks the chunks first
-    roles = infer_roles(chunks) if roles is None else roles
+    roles = infer_roles(chunks, example_inputs=example_inputs, trace=trace) if roles is None else roles
     for param, names, name_chunks in trainable:
         param_roles = roles[id(param)]
         # A tied tensor is one parameter: included under any name, excluded under any name.

@@ -1,81 +1,81 @@
-"""Parameter roles: what each parameter of a model is, read from the model itself.
+"""Parameter roles: what each parameter of a model is, read from what its forward does with it.
 
-A role is one of :data:`optzoo._common.ROLES`: ``embedding`` (a lookup table), ``output`` (the
-head), ``bias``, ``norm``, ``expert`` (a stack of per-expert matrices, or any parameter of an
-experts container), ``router`` (an MoE router), ``conv`` (a convolution filter), and, when
-nothing more is known, ``matrix`` (2-D and up) or ``vector`` (1-D and 0-D). One tensor may hold
-several roles (a tied embedding is also the output head); each role keeps its source, which
-``optzoo dump-param-groups --explain`` shows. Sources, in order:
+A role is one of :data:`optzoo._common.ROLES`, defined by use (docs/roles.md):
 
-1. explicit tags: a role attribute set by the user (``param.optzoo_role = "expert"``, a role or a
-   tuple of roles, which replaces inference for that parameter); Megatron-Core's
-   ``is_embedding_or_output_parameter`` (an ``embedding`` where an embedding module holds the
-   tensor, else ``output``) and ``allreduce=False`` (``expert``);
-2. the model's own API: ``get_input_embeddings()`` and ``get_output_embeddings()`` (Hugging Face
-   models, and any model that defines them);
-3. module types: ``nn.Embedding``/``EmbeddingBag`` (``embedding``); a Linear whose weight is an
-   embedding's (``output``); norms (LayerNorm, RMSNorm, GroupNorm, BatchNorm, InstanceNorm, and
-   any module class whose name ends in ``Norm``, such as ``LlamaRMSNorm``); ``Conv1d/2d/3d`` and
-   their transposes (``conv``; a depthwise filter, one input channel per output channel, is also a
-   ``vector``: its channels are independent); a module class named ``*Router*``, or a child
-   called ``gate``, ``router`` or ``*_gate`` beside an ``experts`` child (``router``); a module called
-   ``experts`` or a class named ``*Experts`` (``expert``);
-4. names, last: ``bias`` as the last name part, or a last part ending in ``_bias`` (GPT-OSS's
-   ``gate_up_proj_bias`` stack), whatever the rank; a Linear inside a module called ``lm_head``,
-   ``classifier`` or ``score`` (the heads of Hugging Face's task models) is the ``output``.
+* ``embedding``: an input table: read by index, or its values put into the activations (added
+  along two or more dims, concatenated, substituted, or the data operand of a parametric matmul);
+* ``output``: a head: the weight of a matmul whose product is a model output, with no parametric
+  matmul after it;
+* ``matrix``: a hidden matrix: the weight of a matmul contracted against activations, its product
+  fed on; with ``input`` when that matmul takes the raw model input, ``router`` when its product
+  goes into a top-k, ``conv`` for a convolution, ``expert`` when the data chooses its blocks;
+* ``bias``: added to activations (varying along at most one dim); ``elementwise``: any other
+  elementwise use (gains and scales of any shape, SSM parameters, weight norm's ``g``); ``norm``:
+  the weight or bias of a normalisation; ``vector``: a depthwise conv filter (and the fallback for
+  0-D and 1-D tensors).
 
-A model that carries Megatron's ``is_embedding_or_output_parameter`` tags is taken at its word
-about embeddings and the output layer, as Megatron-Core does: steps 2 and 3 then add neither
-``embedding`` nor ``output``, so an untagged learned position embedding stays a ``matrix`` (the
-role inference would have given is kept in :attr:`ParamRoles.ignored`, for the linter).
+How the forward multiplies by a parameter (its blocks: experts, heads, groups, and which dim is
+its input) is its :attr:`ParamRoles.view`. Sources, in order:
 
-Everything here reads module types, attributes and shapes only: it works on the meta device,
-across model chunks, through FSDP2's wrapping, and never changes the model.
+1. explicit tags: ``param.optzoo_role`` (a role or a tuple of roles) replaces everything else;
+   Megatron's ``is_embedding_or_output_parameter`` and ``allreduce=False`` add their roles;
+2. the forward, observed once on meta stand-ins (:mod:`optzoo.routing.dataflow`) with
+   ``example_inputs`` or inputs made from the model (:mod:`optzoo.routing.inputs`);
+3. module types, the model's API and names (:mod:`optzoo.routing._guess`): for parameters the
+   forward did not use, or every parameter when it could not run; those roles are ``guessed``
+   (and a warning says how to pass an input). Where the forward ran, they only add roles its use
+   allows (``norm`` to a gain, ``expert`` to a parameter of an experts module) and the others are
+   kept as :attr:`ParamRoles.ignored`.
+
+Nothing here changes the model: it works on the meta device, across chunks, through FSDP2, DDP,
+``torch.compile`` and PEFT wrappers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from .._common import ROLES, Role
+from .._common import ROLES, MatrixView, Role
+from ._guess import Found, by_name, guess_roles
+from .dataflow import ParamUse
+from .inputs import ExampleInputs, trace_uses
 
-__all__ = ["ROLE_ATTRIBUTE", "ParamRoles", "infer_roles", "param_roles"]
+__all__ = ["ROLE_ATTRIBUTE", "GuessedRolesWarning", "ParamRoles", "infer_roles", "param_roles"]
 
 ROLE_ATTRIBUTE = "optzoo_role"
 """The parameter attribute that states roles explicitly: a role name or a tuple of them."""
 
-_NORM_TYPES: tuple[type[nn.Module], ...] = (
-    nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
-    nn.modules.batchnorm._NormBase, nn.RMSNorm,
-)  # fmt: skip
-_CONV_TYPES: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd,)
-_EMBEDDING_TYPES: tuple[type[nn.Module], ...] = (nn.Embedding, nn.EmbeddingBag)
-_HEAD_NAMES = frozenset({"lm_head", "classifier", "score"})
-"""Module names that hold a model's head in Hugging Face's task models (``*ForCausalLM``,
-``*ForImageClassification``, ``*ForSequenceClassification``)."""
+
+class GuessedRolesWarning(UserWarning):
+    """A model's forward could not be observed: its roles are guessed from module types and names."""
 
 
 @dataclass(frozen=True)
 class ParamRoles:
-    """The roles of one parameter, each with where it came from.
+    """The roles of one parameter, each with where it came from, and how the forward multiplies by it.
 
     Example:
-        >>> roles = ParamRoles(("embedding", "output"), ("nn.Embedding", "nn.Linear sharing an embedding's weight"))
+        >>> roles = ParamRoles(("embedding", "output"), ("forward: read by index (embedding)", "forward: a head (mm)"))
         >>> "output" in roles, roles.describe()
-        (True, "embedding (nn.Embedding); output (nn.Linear sharing an embedding's weight)")
+        (True, 'embedding (forward: read by index (embedding)); output (forward: a head (mm))')
+        >>> ParamRoles(("matrix",), ("2-D",), guessed=True).describe()
+        'matrix (2-D, guessed)'
     """
 
     roles: tuple[Role, ...]
     sources: tuple[str, ...]
-    """Parallel to ``roles``: the tag, API, module type, name or shape each came from."""
+    """Parallel to ``roles``: the tag, use, API, module type, name or shape each came from."""
     ignored: tuple[tuple[Role, str], ...] = ()
-    """Roles inference found but did not give: ``(role, why)``, e.g. an untagged embedding in a
-    model whose Megatron tags decide embeddings."""
+    """Roles a fallback source suggested but the forward's use (or Megatron's tags) overruled: ``(role, why)``."""
+    view: MatrixView | None = None
+    """How the forward multiplies by it (blocks and orientation), when it is a matmul's weight."""
+    guessed: bool = False
+    """No forward use backs these roles: module types, names and shapes gave them."""
 
     @property
     def names(self) -> frozenset[str]:
@@ -90,30 +90,12 @@ class ParamRoles:
 
     def describe(self) -> str:
         """``role (source); role (source)``, then ``not role (why)`` for each ignored one, as ``--explain`` prints it."""
-        given = [f"{role} ({source})" for role, source in zip(self.roles, self.sources)]
+        mark = ", guessed" if self.guessed else ""
+        given = [f"{role} ({source}{mark})" for role, source in zip(self.roles, self.sources)]
         return "; ".join(given + [f"not {role} ({why})" for role, why in self.ignored])
 
 
-class _Found:
-    """Roles gathered for one tensor, in the order of their sources."""
-
-    def __init__(self) -> None:
-        self.roles: list[Role] = []
-        self.sources: list[str] = []
-        self.ignored: list[tuple[Role, str]] = []
-
-    def add(self, role: Role, source: str) -> None:
-        if role not in self.roles:
-            self.roles.append(role)
-            self.sources.append(source)
-
-    def freeze(self, param: torch.Tensor) -> ParamRoles:
-        if not self.roles:
-            self.add("matrix" if param.dim() >= 2 else "vector", f"{param.dim()}-D")
-        return ParamRoles(tuple(self.roles), tuple(self.sources), tuple(self.ignored))
-
-
-def _explicit(param: torch.Tensor, name: str) -> ParamRoles | None:
+def _explicit(param: torch.Tensor, name: str) -> tuple[Role, ...] | None:
     """The roles a user stated with :data:`ROLE_ATTRIBUTE`, or ``None``."""
     value = getattr(param, ROLE_ATTRIBUTE, None)
     if value is None:
@@ -124,18 +106,11 @@ def _explicit(param: torch.Tensor, name: str) -> ParamRoles | None:
             f"`{name}`: attribute {ROLE_ATTRIBUTE} names no known role; got {value!r}; "
             f"expected a role or a tuple of roles from {list(ROLES)}"
         )
-    roles: tuple[Role, ...] = tuple(dict.fromkeys(stated))
-    return ParamRoles(roles, tuple(f"tag {ROLE_ATTRIBUTE}" for _ in roles))
-
-
-def _by_name(found: _Found, name: str) -> None:
-    last = name.rsplit(".", 1)[-1]
-    if last == "bias" or last.endswith("_bias"):
-        found.add("bias", "name")
+    return tuple(dict.fromkeys(stated))
 
 
 def param_roles(param: torch.Tensor, name: str) -> ParamRoles:
-    """The roles of a parameter seen alone: explicit tags, its name and its shape (no modules).
+    """The roles of a parameter seen alone: explicit tags, its name and its shape (no modules, no forward).
 
     This is what ``ParamKey(role=...)`` matches when it is asked about a parameter outside a
     model (``key.matches(param, name)``); inside ``resolve_param_groups`` the model's roles from
@@ -149,156 +124,175 @@ def param_roles(param: torch.Tensor, name: str) -> ParamRoles:
     """
     explicit = _explicit(param, name)
     if explicit is not None:
-        return explicit
-    found = _Found()
+        return ParamRoles(explicit, tuple(f"tag {ROLE_ATTRIBUTE}" for _ in explicit))
+    found = Found()
     if getattr(param, "is_embedding_or_output_parameter", False):
         found.add("embedding" if "embed" in name.lower() else "output", "tag is_embedding_or_output_parameter")
     if getattr(param, "allreduce", True) is False:
         found.add("expert", "tag allreduce=False")
-    _by_name(found, name)
-    return found.freeze(param)
+    by_name(found, name)
+    found.add_shape_default(param)
+    return ParamRoles(tuple(found.roles), tuple(found.sources), tuple(found.ignored))
 
 
-def _call(module: nn.Module, method: str) -> Any:
-    """``module.method()``, or ``None`` when it is missing or raises (vision models' ``NotImplementedError``)."""
-    function = getattr(module, method, None)
-    if not callable(function):
-        return None
-    try:
-        return function()
-    except (NotImplementedError, AttributeError, TypeError):
-        return None
+def _ops(names: set[str]) -> str:
+    return ", ".join(sorted(names))
 
 
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, _NORM_TYPES) or type(module).__name__.endswith("Norm")
+def _from_use(param: torch.Tensor, use: ParamUse) -> tuple[Found, MatrixView | None]:
+    """The roles one forward's use gives (module docstring), and the parameter's matrix view."""
+    found = Found()
+    view: MatrixView | None = None
+    if use.weight_ops:
+        depthwise = bool(use.conv_groups) and use.conv_in_per_group == {1} and max(use.conv_groups) > 1
+        if use.head:
+            found.add("output", f"forward: its product ({_ops(use.weight_ops)}) is a model output, no matmul after it")
+        elif not depthwise:
+            found.add("matrix", f"forward: the weight of {_ops(use.weight_ops)}, its product fed on")
+        if use.conv_groups:
+            found.add("conv", f"forward: a convolution's weight (groups {_ops({str(g) for g in use.conv_groups})})")
+        if depthwise:
+            found.add("vector", "forward: a depthwise convolution (one input channel per group)")
+        if use.router:
+            found.add("router", "forward: its product goes into a top-k")
+        if use.input_layer:
+            found.add("input", "forward: applied to the raw model input")
+        view = use.view
+    if use.blocks_by_data:
+        found.add("expert", "forward: the data chooses which of its blocks to apply")
+    if use.lookups:
+        found.add("embedding", f"forward: read by index ({_ops(use.lookups)})")
+    if use.tables:
+        found.add("embedding", f"forward: its values enter the activations ({_ops(use.tables)})")
+    if use.biases:
+        found.add("bias", f"forward: added to activations ({_ops(use.biases)})")
+    if use.normalizes:
+        found.add("norm", "forward: the weight or bias of a normalisation")
+    if use.gains or use.weight_gains or use.returned:
+        how = (
+            [f"with activations ({_ops(use.gains)})"] * bool(use.gains)
+            + [f"on another parameter's weight ({_ops(use.weight_gains)})"] * bool(use.weight_gains)
+            + ["returned as a model output"] * use.returned
+        )  # fmt: skip
+        found.add("elementwise", "forward: elementwise " + "; ".join(how))
+    return found, view
 
 
-def _is_router(name: str, module: nn.Module, parent: nn.Module | None) -> bool:
-    if "Router" in type(module).__name__:
-        return True
-    last = name.rsplit(".", 1)[-1]
-    gate = last in ("gate", "router") or last.endswith("_gate")  # Qwen2-MoE's shared_expert_gate too
-    return parent is not None and gate and isinstance(getattr(parent, "experts", None), nn.Module)
+_FALLBACK_NEEDS: dict[str, frozenset[str]] = {
+    "norm": frozenset({"elementwise", "bias", "norm"}),
+    "bias": frozenset({"elementwise", "bias", "embedding"}),
+    "router": frozenset({"matrix", "bias", "router"}),
+    "conv": frozenset({"conv"}),
+    "vector": frozenset({"vector"}),
+    "embedding": frozenset({"embedding"}),
+    "output": frozenset({"output"}),
+}
+"""The roles a fallback role needs the forward to have given, to be kept beside them."""
 
 
-def _is_experts(name: str, module: nn.Module) -> bool:
-    return name.rsplit(".", 1)[-1] == "experts" or type(module).__name__.endswith("Experts")
-
-
-def _modules_with_parents(chunk: nn.Module) -> Iterable[tuple[str, nn.Module, nn.Module | None, bool]]:
-    """``(name, module, parent, inside an experts container)`` for every module, parents first."""
-    stack: list[tuple[str, nn.Module, nn.Module | None, bool]] = [("", chunk, None, False)]
-    seen: set[int] = set()
-    while stack:
-        name, module, parent, in_experts = stack.pop()
-        if id(module) in seen:
+def _add_fallback(found: Found, guessed: Found) -> None:
+    """Keep the fallback's roles that the forward's use allows; set the others aside, saying why."""
+    traced = set(found.roles)
+    described = ", ".join(found.roles)
+    for role, source in zip(guessed.roles, guessed.sources):
+        if role == "expert" or source.startswith("tag "):
+            found.add(role, source)  # where it lives (an experts module) or what a tag says
+        elif role in ("matrix", "vector") and source.endswith("-D"):
             continue
-        seen.add(id(module))
-        in_experts = in_experts or _is_experts(name, module)
-        yield name, module, parent, in_experts
-        children = list(module.named_children())
-        for child_name, child in reversed(children):
-            stack.append((f"{name}.{child_name}" if name else child_name, child, module, in_experts))
+        elif traced & _FALLBACK_NEEDS.get(role, frozenset()):
+            found.add(role, source)
+        elif role not in traced:
+            found.ignored.append((role, f"{source}; the forward uses it as {described}"))
 
 
-def infer_roles(model_chunks: Sequence[nn.Module] | nn.Module) -> dict[int, ParamRoles]:
+def _example_for(example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None, index: int, chunks: int) -> ExampleInputs | None:
+    if example_inputs is None or chunks == 1:
+        return example_inputs  # type: ignore[return-value]
+    if not isinstance(example_inputs, (list, tuple)) or len(example_inputs) != chunks:
+        raise ValueError(
+            f"`example_inputs`: with {chunks} model chunks, give one entry per chunk (None to make one); "
+            f"got {type(example_inputs).__name__}"
+            f"{f' of {len(example_inputs)}' if isinstance(example_inputs, (list, tuple)) else ''}; expected a list of {chunks}"
+        )
+    return example_inputs[index]  # type: ignore[no-any-return]
+
+
+def infer_roles(
+    model_chunks: Sequence[nn.Module] | nn.Module,
+    *,
+    example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None = None,
+    trace: bool = True,
+) -> dict[int, ParamRoles]:
     """The roles of every parameter of ``model_chunks``, keyed by ``id(param)``.
 
     Args:
         model_chunks: A module or a list of modules (several chunks, or the same tensor under
             several names, give one entry per tensor).
+        example_inputs: The inputs of one forward: a tensor, a tuple or list of positional
+            inputs, or a dict of keyword inputs (only shapes and dtypes matter); with several
+            chunks, a list with one per chunk (``None`` entries are made). Default: made from
+            the model (:mod:`optzoo.routing.inputs`).
+        trace: Observe the forward (default). ``False`` guesses every role from module types
+            and names, as when the forward cannot run.
 
     Raises:
-        ValueError: A parameter's ``optzoo_role`` attribute names no known role.
+        ValueError: A parameter's ``optzoo_role`` attribute names no known role, or
+            ``example_inputs`` does not give one entry per chunk.
+        TypeError: An ``example_inputs`` entry is not a tensor, a sequence or a mapping.
+
+    Warns:
+        GuessedRolesWarning: A chunk's forward could not be observed (why, and how to pass an input).
 
     Example:
         >>> model = nn.Sequential(nn.Embedding(10, 4), nn.LayerNorm(4), nn.Linear(4, 10))
         >>> model[2].weight = model[0].weight  # tied head
         >>> roles = infer_roles(model)
-        >>> [(name, roles[id(p)].describe()) for name, p in model.named_parameters()]
-        [('0.weight', "embedding (nn.Embedding); output (nn.Linear sharing an embedding's weight)"), ('1.weight', 'norm (LayerNorm)'), ('1.bias', 'norm (LayerNorm); bias (name)'), ('2.bias', 'bias (name)')]
+        >>> [(name, ", ".join(roles[id(p)].roles)) for name, p in model.named_parameters()]
+        [('0.weight', 'output, embedding'), ('1.weight', 'norm, elementwise'), ('1.bias', 'norm, elementwise, bias'), ('2.bias', 'bias')]
     """
     chunks = [model_chunks] if isinstance(model_chunks, nn.Module) else list(model_chunks)
     params: dict[int, tuple[torch.Tensor, str]] = {}
     for chunk in chunks:
         for param_name, param in chunk.named_parameters(remove_duplicate=False):
             params.setdefault(id(param), (param, param_name))
-    tagged = any(getattr(param, "is_embedding_or_output_parameter", False) for param, _ in params.values())
-    found = {key: _Found() for key in params}
-
-    # 1. explicit Megatron tags (the user's role attribute replaces everything, below)
-    owners: dict[int, list[nn.Module]] = {key: [] for key in params}
-    for chunk in chunks:
-        for module in chunk.modules():
-            for owned in module.parameters(recurse=False):
-                owners.setdefault(id(owned), []).append(module)
-    for key, (tensor, tensor_name) in params.items():
-        if getattr(tensor, "is_embedding_or_output_parameter", False):
-            source = "tag is_embedding_or_output_parameter"
-            kinds = {isinstance(owner, _EMBEDDING_TYPES) for owner in owners[key]} or {"embed" in tensor_name.lower()}
-            for is_embedding in sorted(kinds, reverse=True):
-                found[key].add("embedding" if is_embedding else "output", source)
-        if getattr(tensor, "allreduce", True) is False:
-            found[key].add("expert", "tag allreduce=False")
-
-    # 2. the model's API
-    embeddings: set[int] = set()
-    api: tuple[tuple[str, Role], ...] = (("get_input_embeddings", "embedding"), ("get_output_embeddings", "output"))
-    for chunk in chunks:
-        for method, role in api:
-            weight = getattr(_call(chunk, method), "weight", None)
-            if isinstance(weight, torch.Tensor) and id(weight) in found:
-                if tagged:
-                    found[id(weight)].ignored.append((role, f"{method}(), untagged in a Megatron-tagged model"))
-                else:
-                    found[id(weight)].add(role, f"{method}()")
-                    if role == "embedding":
-                        embeddings.add(id(weight))
-
-    # 3. module types
-    for chunk in chunks:
-        for module_name, module, parent, in_experts in _modules_with_parents(chunk):
-            kind = type(module).__name__
-            for param_name, param in module.named_parameters(recurse=False):
-                entry = found.get(id(param))
-                if entry is None:
-                    continue
-                if isinstance(module, _EMBEDDING_TYPES) and param_name == "weight":
-                    if tagged:
-                        if "embedding" not in entry.roles:
-                            entry.ignored.append(("embedding", f"{kind}, untagged in a Megatron-tagged model"))
-                    else:
-                        entry.add("embedding", f"nn.{kind}" if type(module) in _EMBEDDING_TYPES else kind)
-                        embeddings.add(id(param))
-                if _is_norm(module):
-                    entry.add("norm", kind)
-                if isinstance(module, _CONV_TYPES) and param_name == "weight":
-                    entry.add("conv", kind)
-                    groups, in_channels = getattr(module, "groups", 1), getattr(module, "in_channels", 0)
-                    if isinstance(groups, int) and groups > 1 and groups == in_channels:
-                        entry.add("vector", f"{kind}, depthwise (groups == in_channels)")
-                if _is_router(module_name, module, parent):
-                    entry.add("router", kind)
-                if in_experts:
-                    entry.add("expert", kind if _is_experts(module_name, module) else f"{kind} inside an experts module")
-    if not tagged:
-        linears = [(name, module) for chunk in chunks for name, module in chunk.named_modules() if isinstance(module, nn.Linear)]
-        for _, module in linears:
-            if id(module.weight) in embeddings:
-                found[id(module.weight)].add("output", "nn.Linear sharing an embedding's weight")
-        for name, module in linears:  # 4. names: a task model's head
-            head = _HEAD_NAMES.intersection(name.split("."))
-            if head and id(module.weight) in found:
-                found[id(module.weight)].add("output", f"name ({sorted(head)[0]})")
-
-    # 4. names; then the user's explicit roles replace all of the above
+    guessed = guess_roles(chunks, params)
+    observed: dict[int, ParamUse] = {}
+    if trace:
+        for index, chunk in enumerate(chunks):
+            example = _example_for(example_inputs, index, len(chunks))
+            uses, how = trace_uses(chunk, example)
+            if uses is None:
+                _warn_guessed(chunk, how, index if len(chunks) > 1 else None)
+                continue
+            for key, use in uses.items():
+                if use.used and key not in observed:
+                    observed[key] = use
     roles: dict[int, ParamRoles] = {}
     for key, (tensor, tensor_name) in params.items():
         explicit = _explicit(tensor, tensor_name)
+        use = observed.get(key)
+        if use is None:
+            fallback = guessed[key]
+            fallback.add_shape_default(tensor)
+            record = ParamRoles(tuple(fallback.roles), tuple(fallback.sources), tuple(fallback.ignored), guessed=True)
+        else:
+            found, view = _from_use(tensor, use)
+            _add_fallback(found, guessed[key])
+            found.add_shape_default(tensor)
+            record = ParamRoles(tuple(found.roles), tuple(found.sources), tuple(found.ignored), view=view)
         if explicit is not None:
-            roles[key] = explicit
-            continue
-        _by_name(found[key], tensor_name)
-        roles[key] = found[key].freeze(tensor)
+            record = ParamRoles(explicit, tuple(f"tag {ROLE_ATTRIBUTE}" for _ in explicit), view=record.view)
+        roles[key] = record
     return roles
+
+
+def _warn_guessed(chunk: nn.Module, why: str, index: int | None) -> None:
+    where = f"model chunk #{index} ({type(chunk).__name__})" if index is not None else f"`{type(chunk).__name__}`"
+    warnings.warn(
+        f"{where}: roles guessed from module types and names; could not observe its forward: {why}; "
+        "expected inputs for one forward: pass example_inputs= to get_optimizer or resolve_param_groups "
+        "(a tensor, a tuple of inputs or a dict of keyword inputs; only shapes and dtypes matter), "
+        "or --example-inputs to the optzoo command",
+        GuessedRolesWarning,
+        stacklevel=3,
+    )

@@ -101,7 +101,7 @@ def param_cost(group: ResolvedGroup, param: torch.Tensor) -> float:
     SOAP, ``ELEMENTWISE_FLOPS_PER_ELEMENT`` per element for element-wise optimizers)."""
     spec = get_spec(group.optimizer)
     fields = {name: getattr(group.config, name) for name in spec.config_fields}
-    return spec.update_cost(tuple(param.shape), {**fields, "flatten": group.flatten})
+    return spec.update_cost(tuple(param.shape), {**fields, "flatten": group.flatten, "matrix_view": group.matrix_view_of(param)})
 
 
 def plan_shards(groups: Sequence[ResolvedGroup], world_size: int, mode: Mode, *, names: Collection[str] | None = None) -> ShardingPlan:

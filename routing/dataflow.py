@@ -1,0 +1,823 @@
+"""Observe one forward: what a model does with each of its parameters.
+
+:func:`observe` runs a module once under a ``TorchDispatchMode``, on meta stand-ins for its
+parameters and buffers (no arithmetic, no memory; the module is left exactly as it was), and
+follows every parameter through views, copies, casts and reads by index to the ops that use it.
+Each parameter gets one :class:`ParamUse` record:
+
+* **as the weight of a matmul-like op** (mm, addmm, bmm, baddbmm, grouped mm, conv): which of its
+  dims are contracted against activations, which index the product, and how the op's matrices
+  cover it (:class:`~optzoo._common.MatrixView`: the blocks the forward splits it into, experts,
+  heads or groups, and whether the data chose them);
+* **read by index** (embedding, index, index_select, gather) and used as activations;
+* **elementwise with activations**: added (a bias; a table when it varies along two or more
+  dims), concatenated or substituted into them (a table), used as the data operand of a
+  parametric matmul (a table: latent arrays, probes), or anything else (a gain: mul, exp then
+  mul, a norm's weight), and whether it scales another parameter's weight (weight norm's ``g``);
+* **where its product goes**: to a model output with no parametric matmul after it (a head), into
+  a top-k (a router); and whether it is applied to the raw model input (an input layer).
+
+Activations carry the set of parameters whose matmul product reached them with no parametric
+matmul since (their *producers*). A model output that holds no table read or raw input since its
+last matmul, and none of whose producers ever fed another matmul, makes its producers heads:
+``logits = lm_head(norm(h))`` does, a residual stream returned as ``last_hidden_state`` does not.
+
+Meta tensors hold no values, so ops whose result depends on them get stand-in answers
+(:mod:`optzoo.routing._meta`): ``nonzero`` finds every element, so an MoE visits every expert;
+code whose control flow needs real values fails, and the caller falls back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .._common import MatrixView
+from ._meta import KnownValues, run_on_meta, to_meta
+
+__all__ = ["Layout", "ParamUse", "TraceError", "observe"]
+
+Layout = tuple[tuple[int, ...], tuple[int, ...], int]
+"""``(sizes, strides, offset)`` of a tensor in its parameter's row-major index space."""
+
+_aten = torch.ops.aten
+
+
+class TraceError(RuntimeError):
+    """The forward could not be observed (the caller falls back to module types and names)."""
+
+
+@dataclass
+class ParamUse:
+    """What one forward did with one parameter (every field empty or False: not used)."""
+
+    weight_ops: set[str] = field(default_factory=set)
+    """Matmul-like ops that used it as a weight (its values vary along the contracted dims)."""
+    view: MatrixView | None = None
+    """How the forward multiplies by it: the matrices all its weight uses cover, merged
+    (:func:`merge_views`); ``None`` when a use could not be told or they disagree."""
+    covers: list[_Cover | None] = field(default_factory=list, repr=False)
+    """How each weight use covered it (``None``: could not be told)."""
+    conv_groups: set[int] = field(default_factory=set)
+    """``groups`` of the convolutions that used it; ``in_channels == groups`` is depthwise."""
+    conv_in_per_group: set[int] = field(default_factory=set)
+    """Input channels per group of those convolutions (1: depthwise)."""
+    blocks_by_data: bool = False
+    """The forward chose which of its blocks to multiply by from the data (MoE experts)."""
+    lookups: set[str] = field(default_factory=set)
+    """Ops that read it by index, the result used as activations (a table)."""
+    tables: set[str] = field(default_factory=set)
+    """Ops that put its values into the activations: added along two or more dims,
+    concatenated, substituted, or as the data operand of a parametric matmul."""
+    biases: set[str] = field(default_factory=set)
+    """Ops that added it to activations, varying along at most one dim."""
+    gains: set[str] = field(default_factory=set)
+    """Other elementwise ops with activations (mul, norms, where it is not substituted, ...)."""
+    weight_gains: set[str] = field(default_factory=set)
+    """Ops that used it to scale or shift another parameter's weight (weight norm's ``g``)."""
+    normalizes: bool = False
+    """It is the weight or bias of a normalisation op (layer, group, batch, RMS norm)."""
+    returned: bool = False
+    """Its values (not a product) are a model output."""
+    input_layer: bool = False
+    """It multiplied the raw float model input (through parameter-free ops at most)."""
+    fed_matmul: bool = False
+    """Its product reached the data operand of another parametric matmul."""
+    head: bool = False
+    """Its product is a model output with no parametric matmul after it (see the module docstring)."""
+    router: bool = False
+    """Its product went into a top-k or argmax (an MoE router)."""
+
+    @property
+    def used(self) -> bool:
+        return bool(
+            self.weight_ops or self.lookups or self.tables or self.biases or self.gains or self.weight_gains or self.returned
+        )
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A parameter that a tensor is a function of, and where its elements sit in the parameter."""
+
+    key: int
+    layout: Layout | None
+    gathered: bool = False  # passed through a read by index
+    by_data: bool = False  # ... whose index came from the data
+
+
+@dataclass(frozen=True)
+class _Flow:
+    """What a traced tensor is: a function of parameters (``sources``), of the data, or both."""
+
+    sources: tuple[_Source, ...] = ()
+    data: bool = False
+    producers: frozenset[int] = frozenset()
+    stream: bool = False  # a table read or the raw input reached it with no parametric matmul since
+    raw: bool = False  # the float model input, through parameter-free ops
+
+
+_VALUE_FREE = {torch.bool: False}
+
+_MATMULS = {
+    _aten.mm.default: (0, 1), _aten.bmm.default: (0, 1), _aten.mv.default: (0, 1), _aten.dot.default: (0, 1),
+    _aten.vdot.default: (0, 1), _aten.addmm.default: (1, 2), _aten.baddbmm.default: (1, 2), _aten.addmv.default: (1, 2),
+    _aten._grouped_mm.default: (0, 1),
+}  # fmt: skip
+"""Matmul-like ops: the positions of their two factors (a bias or an accumulator comes first)."""
+_CONVOLUTIONS = {_aten.convolution.default, _aten._convolution.default}
+_LOOKUPS = {
+    _aten.embedding.default, _aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_select.default,
+    _aten.gather.default, _aten.take.default, _aten._embedding_bag.default, _aten._embedding_bag_forward_only.default,
+}  # fmt: skip
+_NORMS = {
+    _aten.native_layer_norm.default, _aten.native_group_norm.default, _aten.native_batch_norm.default,
+    _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
+    _aten._native_batch_norm_legit_no_training.default, _aten._fused_rms_norm.default,
+}  # fmt: skip
+_ADDS = {"add", "add_", "sub", "sub_", "rsub", "_foreach_add"}
+_SUBSTITUTES = {"where", "masked_fill", "masked_fill_", "index_put", "index_put_", "masked_scatter", "masked_scatter_",
+                "cat", "stack", "scatter", "scatter_", "index_copy", "index_copy_", "copy_", "slice_scatter", "select_scatter"}  # fmt: skip
+_ROUTING = {_aten.topk.default, _aten.argmax.default}
+_ELEMENTWISE_OF_PARAMS = {_aten._weight_norm_interface.default}
+"""Ops that are elementwise in their first result though not tagged so: weight norm's ``g * v / |v|``."""
+
+
+def _name(func: torch._ops.OpOverload) -> str:
+    return func.overloadpacket.__name__
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _runs(size: int, stride: int, shape: Sequence[int]) -> list[tuple[int, int, int]] | None:
+    """``(param dim, count, step)`` runs, outer first, that one tensor dim of ``size`` elements at
+    ``stride`` walks in a parameter of ``shape`` (row-major); ``None`` when it does not tile them."""
+    if size <= 1 or stride == 0:
+        return []
+    strides = _contiguous_strides(shape)
+    dim = next((d for d in range(len(shape)) if strides[d] <= stride and stride % strides[d] == 0 and shape[d] > 1), None)
+    if dim is None:
+        return None
+    step = stride // strides[dim]
+    runs: list[tuple[int, int, int]] = []
+    while size > 1:
+        if dim < 0:
+            return None
+        inner = -(-shape[dim] // step)  # indices along dim reachable with this step
+        if size <= inner:
+            runs.append((dim, size, step))
+            break
+        if inner * step != shape[dim] or size % inner:
+            return None
+        runs.append((dim, inner, step))
+        size //= inner
+        dim, step = dim - 1, 1
+        while dim >= 0 and shape[dim] == 1:
+            dim -= 1
+    return list(reversed(runs))
+
+
+_Cover = tuple[tuple[tuple[tuple[int, str], ...], int, int], ...]
+"""How one matmul operand covers a parameter: per parameter dim, ``(factors, offset, extent)``:
+the ``(count, role)`` factors it walks, outer first (roles ``out``, ``in``, ``block``), where it
+starts along the dim, and how many indices its factors span."""
+
+
+def _cover(layout: Layout, roles: Sequence[str], shape: Sequence[int]) -> _Cover | None:
+    """How an operand laid out as ``layout``, whose dims are ``roles``, covers a parameter of ``shape``."""
+    sizes, strides, offset = layout
+    by_dim: dict[int, list[tuple[int, int, str]]] = {}  # param dim -> [(count, step, role)]
+    for size, stride, role in zip(sizes, strides, roles):
+        runs = _runs(size, stride, shape)
+        if runs is None:
+            return None
+        for dim, count, step in runs:
+            by_dim.setdefault(dim, []).append((count, step, role))
+    coordinates, rest = [], offset
+    for stride in _contiguous_strides(shape):
+        coordinate, rest = divmod(rest, stride)
+        coordinates.append(coordinate)
+    cover = []
+    for dim in range(len(shape)):
+        factors: list[tuple[int, str]] = []
+        span = 1
+        for count, step, role in sorted(by_dim.get(dim, []), key=lambda run: run[1]):  # innermost first
+            if step != span:
+                if span != 1 or step % span:
+                    return None
+                factors.append((step, "block"))  # interleaved: every step-th index
+                span = step
+            factors.append((count, role))
+            span *= count
+        cover.append((tuple(reversed(factors)), coordinates[dim], span))
+    return tuple(cover)
+
+
+def merge_views(shape: Sequence[int], covers: Sequence[_Cover]) -> MatrixView | None:
+    """One :class:`MatrixView` of a parameter from how each of its matmul uses covered it.
+
+    A dim every use walks alike keeps that pattern, the rest of it in blocks; a dim that uses
+    cover in contiguous pieces of one role (packed q, k and v multiplied separately) is split
+    into blocks of the pieces' greatest common size. ``None`` when the uses disagree otherwise.
+    """
+    if not covers:
+        return None
+    split: list[int] = []
+    kinds: list[str] = []
+    origin: list[int] = []
+    for dim, size in enumerate(shape):
+        entries = [cover[dim] for cover in covers]
+        patterns = {factors for factors, _, _ in entries}
+        extent = entries[0][2]
+        if len(patterns) == 1 and all(size % span == 0 and start % span == 0 for _, start, span in entries):
+            factors = list(entries[0][0])
+            if size // extent > 1 or not factors:
+                factors.insert(0, (size // extent, "block"))  # the rest of the dim: blocks the op does not walk
+        else:
+            roles = {f[0][1] for f, _, _ in entries if len(f) == 1}
+            if len(roles) != 1 or any(len(f) != 1 for f, _, _ in entries) or "block" in roles:
+                return None
+            block = math.gcd(size, *(span for _, _, span in entries), *(start for _, start, _ in entries))
+            factors = [(size // block, "block"), (block, roles.pop())] if block < size else [(size, roles.pop())]
+        for count, role in factors:
+            split.append(count)
+            kinds.append(role)
+            origin.append(dim)
+    return MatrixView(
+        split=tuple(split),
+        origin=tuple(origin),
+        blocks=tuple(i for i, kind in enumerate(kinds) if kind == "block"),
+        rows=tuple(i for i, kind in enumerate(kinds) if kind == "out"),
+        cols=tuple(i for i, kind in enumerate(kinds) if kind == "in"),
+    )
+
+
+def matrix_view_of(layout: Layout, roles: Sequence[str], shape: Sequence[int]) -> MatrixView | None:
+    """How one operand of a matmul covers its parameter of ``shape``, as a :class:`MatrixView`.
+
+    ``layout`` places the operand in the parameter; ``roles`` gives, per operand dim, ``"out"``
+    (indexes the product's features), ``"in"`` (contracted) or ``"block"`` (batched over). A
+    parameter dim the operand does not walk, or walks only part of, is split into blocks.
+    ``None`` when the operand does not tile the parameter that way (a gather, a strided copy).
+
+    Example:
+        >>> matrix_view_of(((6, 4), (1, 6), 0), ("in", "out"), (4, 6)).describe()  # x @ w.t(), w (4, 6)
+        '4 x 6 (dim 0: out, dim 1: in)'
+        >>> matrix_view_of(((3, 8), (8, 1), 48), ("out", "in"), (24, 8)).describe()  # rows 6:9 of (24, 8)
+        '8 blocks of 3 x 8 (dim 0: 8 blocks x 3 out, dim 1: in)'
+    """
+    cover = _cover(layout, roles, shape)
+    return None if cover is None else merge_views(shape, [cover])
+
+
+class _Observer(TorchDispatchMode):
+    """Propagates :class:`_Flow` through every op of the forward and fills the :class:`ParamUse` records."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.shapes = [tuple(param.shape) for param in params]
+        self.uses = [ParamUse() for _ in params]
+        self.flows: dict[int, tuple[_Flow, torch.Tensor]] = {}
+        self.roots: dict[int, torch.Tensor] = {}  # a view's base, so an in-place write reaches it
+        self.known = KnownValues()
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+
+    def flow(self, tensor: Any) -> _Flow | None:
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        entry = self.flows.get(id(tensor))
+        return entry[0] if entry is not None and entry[1] is tensor else None
+
+    def set_flow(self, tensor: torch.Tensor, flow: _Flow) -> None:
+        self.flows[id(tensor)] = (flow, tensor)
+
+    def mark(self, tensor: torch.Tensor, flow: _Flow) -> None:
+        """Give a leaf (a parameter stand-in or a model input) its flow."""
+        self.set_flow(tensor, flow)
+
+    # ---- the dispatch -----------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        args, kwargs = tree_map(to_meta, (args, kwargs))
+        out = run_on_meta(func, args, kwargs, self.known)
+        self.known.compute(func, args, kwargs, out)
+        flat_in = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        flows = [self.flow(x) for x in flat_in]
+        if any(flows):
+            self.propagate(func, args, kwargs, out, flat_in, flows)
+        return out
+
+    def propagate(
+        self, func: Any, args: Any, kwargs: dict[str, Any], out: Any, flat_in: list[torch.Tensor], flows: list[_Flow | None]
+    ) -> None:
+        outputs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        if func in _ROUTING:
+            for flow in flows:
+                for key in flow.producers if flow else ():
+                    self.uses[key].router = True
+        if getattr(func, "is_view", False) and isinstance(args[0], torch.Tensor):
+            self.view(func, args, kwargs, outputs)
+            return
+        if func in (_aten.clone.default, _aten._to_copy.default, _aten.lift_fresh_copy.default, _aten.contiguous.default):
+            flow = self.flow(args[0])
+            if flow is not None and outputs:
+                self.set_flow(outputs[0], flow)
+            return
+        if func in _MATMULS or func in _CONVOLUTIONS:
+            flow = self.matmul(func, args, outputs[0])
+        elif func in _LOOKUPS and self.flow(args[0]) is not None and self.flow(args[0]).sources:  # type: ignore[union-attr]
+            flow = self.lookup(func, args, outputs[0])
+        else:
+            flow = self.combine(func, args, flat_in, flows, outputs)
+        if flow is None:
+            return
+        mutated = self.mutated(func, args, kwargs)
+        targets = outputs if mutated is None else [mutated]
+        for target in targets:
+            if mutated is not None:
+                flow = _merge(flow, self.flow(target))
+                root = self.roots.get(id(target))
+                if root is not None:
+                    self.set_flow(root, _merge(flow, self.flow(root)))
+            self.set_flow(target, flow)
+
+    @staticmethod
+    def mutated(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        if "out" in kwargs and isinstance(kwargs["out"], torch.Tensor):
+            return kwargs["out"]  # type: ignore[no-any-return]
+        if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor):
+            return args[0]  # type: ignore[no-any-return]
+        return None
+
+    def view(self, func: Any, args: Any, kwargs: dict[str, Any], outputs: list[torch.Tensor]) -> None:
+        """A view: same flow; each source's layout is the op replayed on a stand-in laid out as it."""
+        base = args[0]
+        flow = self.flow(base)
+        root = self.roots.get(id(base), base)
+        for tensor in outputs:
+            self.roots[id(tensor)] = root
+        if flow is None:
+            return
+        replayed: list[list[Layout | None]] = [[None] * len(outputs) for _ in flow.sources]
+        for index, source in enumerate(flow.sources):
+            if source.layout is None or tuple(source.layout[0]) != tuple(base.shape):
+                continue
+            shadow = _shadow(source.layout, base)
+            try:
+                result = func(shadow, *args[1:], **kwargs)
+            except Exception:  # a view the copy's layout does not allow: the layout is lost
+                continue
+            results = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+            replayed[index] = [(tuple(r.shape), tuple(r.stride()), r.storage_offset()) for r in results]
+        for position, tensor in enumerate(outputs):
+            sources = tuple(
+                _Source(s.key, replayed[i][position] if position < len(replayed[i]) else None, s.gathered, s.by_data)
+                for i, s in enumerate(flow.sources)
+            )
+            self.set_flow(tensor, _Flow(sources, flow.data, flow.producers, flow.stream, flow.raw))
+
+    def lookup(self, func: Any, args: Any, out: torch.Tensor) -> _Flow:
+        """A read by index of a parameter: a table lookup, or a choice of blocks.
+
+        Rows picked by an index that a parameter's product decided (a router's top-k) are a choice
+        of blocks (experts), as are rows picked by a scalar index; rows picked by the model's
+        input ids or positions are a table lookup, whatever op does the reading.
+        """
+        table = self.flow(args[0])
+        assert table is not None
+        indices = [x for x in tree_flatten(args[1:])[0] if isinstance(x, torch.Tensor)]
+        index_flows = [self.flow(x) for x in indices]
+        by_data = any(f is not None and f.data for f in index_flows)
+        routed = any(f is not None and f.producers for f in index_flows)
+        scalar = bool(indices) and all(x.dim() == 0 for x in indices)
+        gathered = not (routed or scalar)
+        sources = tuple(
+            _Source(s.key, _gathered_layout(func, args, s.layout, out), s.gathered or gathered, s.by_data or (by_data and not gathered))
+            for s in table.sources
+        )
+        producers = table.producers.union(*(f.producers for f in index_flows if f is not None))
+        return _Flow(sources, table.data or by_data, producers, table.stream, table.raw)
+
+    def matmul(self, func: Any, args: Any, out: torch.Tensor) -> _Flow | None:
+        """A matmul-like op: find the weight (the factor made of parameters) and the data factor."""
+        first, second = (0, 1) if func in _CONVOLUTIONS else _MATMULS[func]
+        a, b = args[first], args[second]
+        fa, fb = self.flow(a), self.flow(b)
+        if func in _CONVOLUTIONS:
+            weight_at, data_at = 1, 0  # convolution(input, weight, ...)
+        elif fb is not None and fb.sources and not (fa is not None and fa.sources and fa.data is False and fb.data):
+            weight_at, data_at = 1, 0  # x @ W, F.linear's x @ W.t(), and a parameter product's right factor
+        elif fa is not None and fa.sources:
+            weight_at, data_at = 0, 1  # W @ x
+        else:
+            weight_at = data_at = -1
+        extra = [self.flow(args[0])] if func in (_aten.addmm.default, _aten.baddbmm.default, _aten.addmv.default) else []
+        if func in _CONVOLUTIONS and len(args) > 2 and isinstance(args[2], torch.Tensor):
+            extra.append(self.flow(args[2]))
+            self.uses_of(self.flow(args[2]), "biases", func, operand=args[2])
+        elif extra:
+            self.uses_of(extra[0], "biases", func, operand=args[0])
+        factors = [(a, fa), (b, fb)] if func not in _CONVOLUTIONS else [(args[0], self.flow(args[0])), (args[1], self.flow(args[1]))]
+        if weight_at < 0:  # activations times activations (attention scores): no parameter's matmul
+            return _merge_all([f for _, f in factors] + extra)
+        weight, wflow = factors[weight_at]
+        data, dflow = factors[data_at]
+        assert wflow is not None
+        if dflow is None or not (dflow.data or dflow.sources or dflow.producers):
+            # a parameter times a constant: still a function of the parameter, with no layout
+            return _Flow(tuple(_Source(s.key, None, s.gathered, s.by_data) for s in wflow.sources), wflow.data, wflow.producers)
+        if dflow.sources:
+            self.uses_of(dflow, "tables", func, operand=data)  # latent arrays, probes; a read row
+        for key in dflow.producers:
+            self.uses[key].fed_matmul = True
+        products: set[int] = set()
+        roles = _weight_dim_roles(func, args, weight)
+        groups = int(args[8]) if func in _CONVOLUTIONS and len(args) > 8 else 1
+        for source in wflow.sources:
+            use = self.uses[source.key]
+            layout, dim_roles = source.layout, roles
+            if layout is not None and roles is not None and groups > 1:
+                layout, dim_roles = _split_groups(layout, roles, groups, transposed=bool(args[6]))
+            cover = None if layout is None or dim_roles is None else _cover(layout, dim_roles, self.shapes[source.key])
+            if source.layout is not None and roles is not None and not _is_matrix(source.layout, roles):
+                use.weight_gains.add(_name(func))  # g of weight norm: a scale of the weight, not a matrix
+                continue
+            use.weight_ops.add(_name(func))
+            use.covers.append(cover)
+            use.blocks_by_data |= source.by_data
+            if func in _CONVOLUTIONS:
+                use.conv_groups.add(groups)
+                use.conv_in_per_group.add(int(weight.shape[0 if args[6] else 1]) if weight.dim() > 1 else 1)
+            if dflow.raw:
+                use.input_layer = True
+            products.add(source.key)
+        if func is _aten._grouped_mm.default and len(args) > 2 and self.flow(args[2]) is not None:
+            for key in products:
+                self.uses[key].blocks_by_data |= bool(self.flow(args[2]).data)  # type: ignore[union-attr]
+        extras = _merge_all([f for f in extra if f is not None])
+        return _Flow(
+            (), dflow.data or wflow.data, frozenset(products) | (extras.producers if extras else frozenset()),
+            bool(extras and extras.stream), False,
+        )  # fmt: skip
+
+    def combine(
+        self, func: Any, args: Any, flat_in: list[torch.Tensor], flows: list[_Flow | None], outputs: list[torch.Tensor]
+    ) -> _Flow | None:
+        """Any other op: parameters that meet the data here are used elementwise (or as a table)."""
+        present = [(x, f) for x, f in zip(flat_in, flows) if f is not None]
+        if func in _NORMS:  # a norm's weight and bias are its gains, whatever it normalises
+            for tensor, flow in present:
+                if tensor is not args[0] and flow.sources:
+                    self.uses_of(flow, "gains", func, operand=tensor)
+                    for source in flow.sources:
+                        self.uses[source.key].normalizes = True
+            present = [(x, f) for x, f in present if x is args[0]]
+            if not present:
+                return None
+        data = any(f.data for _, f in present)
+        producers = frozenset().union(*(f.producers for _, f in present))
+        if not data:
+            if not outputs:
+                return None
+            out = outputs[0]
+            pointwise = torch.Tag.pointwise in func.tags or func in _ELEMENTWISE_OF_PARAMS
+            sources = _dedupe(
+                _Source(s.key, _broadcast(s.layout, x, out) if pointwise else None, s.gathered, s.by_data)
+                for x, f in present
+                for s in f.sources
+            )
+            return _Flow(sources, False, producers, any(f.stream for _, f in present), any(f.raw for _, f in present))
+        name = _name(func)
+        table = False
+        for tensor, flow in present:
+            if not flow.sources:
+                continue
+            if any(source.gathered for source in flow.sources):
+                self.uses_of(flow, "lookups", func, operand=tensor)
+                table = True
+            elif name in _SUBSTITUTES and not _is_selector(func, args, tensor):
+                self.uses_of(flow, "tables", func, operand=tensor)
+                table = True
+            elif name in _ADDS:
+                kind = "tables" if _varying_dims(flow, tensor) >= 2 else "biases"
+                self.uses_of(flow, kind, func, operand=tensor)
+                table |= kind == "tables"
+            else:
+                self.uses_of(flow, "gains", func, operand=tensor)
+        stream = table or any(f.stream or f.raw for _, f in present if f.data)
+        raw = any(f.raw for _, f in present)
+        return _Flow((), True, producers, stream, raw)
+
+    def uses_of(self, flow: _Flow | None, kind: str, func: Any, *, operand: torch.Tensor) -> None:
+        """Record ``kind`` for every parameter ``flow`` is a function of (lookups for rows read by index)."""
+        if flow is None:
+            return
+        for source in flow.sources:
+            use = self.uses[source.key]
+            getattr(use, "lookups" if source.gathered and kind != "gains" else kind).add(_name(func))
+            use.blocks_by_data |= source.by_data
+
+
+def _dedupe(sources: Iterable[_Source]) -> tuple[_Source, ...]:
+    """One source per parameter, the first with a layout (``v / v.norm()`` keeps ``v``'s layout)."""
+    kept: dict[int, _Source] = {}
+    for source in sources:
+        if source.key not in kept or (kept[source.key].layout is None and source.layout is not None):
+            kept[source.key] = source
+    return tuple(kept.values())
+
+
+def _merge(a: _Flow, b: _Flow | None) -> _Flow:
+    if b is None:
+        return a
+    return _Flow(
+        a.sources + tuple(s for s in b.sources if s not in a.sources), a.data or b.data, a.producers | b.producers,
+        a.stream or b.stream, a.raw or b.raw,
+    )  # fmt: skip
+
+
+def _merge_all(flows: Sequence[_Flow | None]) -> _Flow | None:
+    present = [f for f in flows if f is not None]
+    if not present:
+        return None
+    merged = present[0]
+    for flow in present[1:]:
+        merged = _merge(merged, flow)
+    return _Flow((), merged.data, merged.producers, merged.stream, False) if merged.data else merged
+
+
+_SELECTOR_ARGS = {"where": 0, "masked_fill": 1, "masked_fill_": 1, "masked_scatter": 1, "masked_scatter_": 1,
+                  "index_put": 1, "index_put_": 1, "scatter": 2, "scatter_": 2, "index_copy": 2, "index_copy_": 2}  # fmt: skip
+"""Where a substituting op takes what decides (a condition, a mask, indices), not what is put in."""
+
+
+def _is_selector(func: Any, args: Any, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is what decides in a substituting op (``where``'s condition, a fill mask)."""
+    position = _SELECTOR_ARGS.get(_name(func))
+    if position is None or position >= len(args):
+        return False
+    chosen = args[position]
+    return chosen is tensor or (isinstance(chosen, (list, tuple)) and any(x is tensor for x in chosen))
+
+
+def _varying_dims(flow: _Flow, tensor: torch.Tensor) -> int:
+    """How many dims of ``tensor`` its parameters vary along (a bias: at most one)."""
+    best = 0
+    for source in flow.sources:
+        if source.layout is None:
+            best = max(best, sum(1 for size in tensor.shape if size > 1))
+        else:
+            sizes, strides, _ = source.layout
+            best = max(best, sum(1 for size, stride in zip(sizes, strides) if size > 1 and stride != 0))
+    return best
+
+
+def _is_matrix(layout: Layout, roles: Sequence[str]) -> bool:
+    """Whether the parameter varies along the operand's contracted and its output dims (of size > 1)
+    alike: a matrix; a gain on the weight varies along one of them only (weight norm's ``g``)."""
+    sizes, strides, _ = layout
+
+    def varies(role: str) -> bool:
+        dims = [stride for size, stride, r in zip(sizes, strides, roles) if r == role and size > 1]
+        return not dims or any(stride != 0 for stride in dims)
+
+    return varies("in") and varies("out")
+
+
+def _weight_dim_roles(func: Any, args: Any, weight: torch.Tensor) -> tuple[str, ...] | None:
+    """Per dim of the weight factor: ``out``, ``in`` or ``block`` (batched over)."""
+    ndim = weight.dim()
+    if func in _CONVOLUTIONS:
+        transposed = bool(args[6])
+        return ("in", "out", *["in"] * (ndim - 2)) if transposed else ("out", *["in"] * (ndim - 1))
+    position = 1 if args[_MATMULS[func][1]] is weight else 0
+    if ndim == 1:
+        return ("in",)
+    if ndim == 2 and func is _aten._grouped_mm.default and position == 0:
+        return ("out", "in")
+    if ndim == 2 and func is _aten._grouped_mm.default:
+        return ("in", "out")
+    matrix = ("in", "out") if position == 1 else ("out", "in")
+    return ("block",) * (ndim - 2) + matrix
+
+
+def _split_groups(layout: Layout, roles: tuple[str, ...], groups: int, *, transposed: bool) -> tuple[Layout, tuple[str, ...]]:
+    """A grouped conv's weight seen as ``groups`` blocks: its output-channel dim (its input-channel
+    dim when transposed) split into ``(groups, channels // groups)``."""
+    sizes, strides, offset = layout
+    dim = 0
+    if sizes[dim] % groups:
+        return layout, roles
+    inner = sizes[dim] // groups
+    new_sizes = (groups, inner, *sizes[1:])
+    new_strides = (strides[dim] * inner, strides[dim], *strides[1:])
+    return (new_sizes, new_strides, offset), ("block", *roles)
+
+
+def _gathered_layout(func: Any, args: Any, layout: Layout | None, out: torch.Tensor) -> Layout | None:
+    """The layout of a read by index: the indexed dims become dims the parameter does not vary along."""
+    if layout is None:
+        return None
+    sizes, strides, offset = layout
+    name = _name(func)
+    if name == "embedding":
+        index = args[1]
+        return (tuple(out.shape), (0,) * index.dim() + tuple(strides[1:]), offset)
+    if name == "index_select":
+        dim = args[1] % len(sizes)
+        return (tuple(out.shape), tuple(0 if d == dim else s for d, s in enumerate(strides)), offset)
+    if name in ("index", "_unsafe_index"):
+        indices = list(args[1])
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
+            return None
+        indexed = [d for d, index in enumerate(indices) if index is not None]
+        kept = [d for d in range(len(sizes)) if d not in indexed]
+        index_dims = out.dim() - len(kept)
+        if not indexed:
+            return None
+        adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+        before = [d for d in kept if d < indexed[0]] if adjacent else []
+        after = [d for d in kept if d not in before]
+        new_strides = [strides[d] for d in before] + [0] * index_dims + [strides[d] for d in after]
+        if len(new_strides) != out.dim():
+            return None
+        return (tuple(out.shape), tuple(new_strides), offset)
+    return None
+
+
+def _broadcast(layout: Layout | None, tensor: torch.Tensor, out: torch.Tensor) -> Layout | None:
+    """``layout`` of ``tensor`` broadcast to ``out``'s shape (an elementwise op's operand)."""
+    if layout is None or out.dim() < tensor.dim():
+        return None
+    sizes, strides, offset = layout
+    pad = out.dim() - len(sizes)
+    new_strides = [0] * pad + [s if size == o else 0 for size, s, o in zip(sizes, strides, out.shape[pad:])]
+    return (tuple(out.shape), tuple(new_strides), offset)
+
+
+def _shadow(layout: Layout, like: torch.Tensor) -> torch.Tensor:
+    """A meta tensor laid out as ``layout`` says, to replay a view on."""
+    sizes, strides, offset = layout
+    span = 1 + offset + sum((size - 1) * stride for size, stride in zip(sizes, strides) if size > 0)
+    base = torch.empty(max(span, 1), dtype=like.dtype, device="meta")
+    return base.as_strided(sizes, strides, offset)
+
+
+# ---- running the forward ------------------------------------------------------------------------
+
+
+def _unique_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return list(module.named_parameters())  # remove_duplicate: one name per tensor (functional_call ties the rest)
+
+
+@contextmanager
+def _untouched(module: nn.Module) -> Iterator[None]:
+    """Leave every submodule's attributes, hooks and training flags as they were (caches a forward sets too)."""
+    saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in module.modules()]
+    rng = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(rng)
+        for mod, attributes, parameters, buffers, modules in saved:
+            for name in [n for n in mod.__dict__ if n not in attributes]:
+                del mod.__dict__[name]
+            for name, value in attributes.items():
+                if mod.__dict__.get(name, _MISSING) is not value:
+                    mod.__dict__[name] = value
+            for current, kept in ((mod._parameters, parameters), (mod._buffers, buffers), (mod._modules, modules)):
+                if current != kept or list(current) != list(kept):
+                    current.clear()
+                    current.update(kept)
+
+
+_MISSING = object()
+
+
+@contextmanager
+def _without_fsdp_hooks(module: nn.Module) -> Iterator[None]:
+    """FSDP2's pre-forward would all-gather the real shards over our stand-ins: step around its hooks."""
+    removed: list[tuple[dict[int, Any], int, Any]] = []
+    for mod in module.modules():
+        for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
+            for handle_id, hook in list(hooks.items()):
+                owner = getattr(hook, "__self__", None) or getattr(getattr(hook, "func", None), "__self__", None)
+                if owner is not None and type(owner).__name__ in ("FSDPState", "FSDPParamGroup"):
+                    removed.append((hooks, handle_id, hook))
+                    del hooks[handle_id]
+    try:
+        yield
+    finally:
+        for hooks, handle_id, hook in removed:
+            hooks[handle_id] = hook
+
+
+def observe(
+    module: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    call: Callable[..., Any] | None = None,
+) -> dict[int, ParamUse]:
+    """What one forward of ``module`` on ``(args, kwargs)`` does with each parameter, by ``id(param)``.
+
+    The parameters and buffers are swapped for meta stand-ins for the call (as
+    ``torch.func.functional_call`` does), the inputs are copied to meta, and the module's attributes,
+    hooks, training flag and the RNG state are left as they were. Tied parameters are one tensor.
+
+    Args:
+        module: The module to run.
+        args, kwargs: Its inputs (tensors on any device: only their shapes and dtypes are used).
+        call: Calls the module (default ``module(*args, **kwargs)``), e.g. to run a wrapper's inner module.
+
+    Raises:
+        TraceError: The forward raised (the message says what), or used no parameter.
+    """
+    named = _unique_params(module)
+    params = [param for _, param in named]
+    observer = _Observer(params)
+    stand_ins: dict[str, torch.Tensor] = {}
+    for key, (name, param) in enumerate(named):
+        stand_in = torch.empty(tuple(param.shape), dtype=param.dtype, device="meta")
+        stand_ins[name] = stand_in
+        layout = (tuple(stand_in.shape), tuple(stand_in.stride()), 0)
+        observer.mark(stand_in, _Flow((_Source(key, layout),)))
+    for name, buffer in module.named_buffers():
+        stand_ins[name] = torch.empty_strided(tuple(buffer.shape), tuple(buffer.stride()), dtype=buffer.dtype, device="meta")
+    meta_args, meta_kwargs = tree_map(_input_to_meta, (list(args), dict(kwargs)))
+    for tensor in tree_flatten((meta_args, meta_kwargs))[0]:
+        if isinstance(tensor, torch.Tensor):
+            observer.mark(tensor, _Flow(data=True, raw=tensor.is_floating_point()))
+    try:
+        with _untouched(module), _without_fsdp_hooks(module), torch.no_grad(), torch.device("meta"), observer.known.readable(), observer:
+            if call is None:
+                output = torch.func.functional_call(module, stand_ins, tuple(meta_args), meta_kwargs, strict=False)
+            else:
+                with torch.nn.utils.stateless._reparametrize_module(module, stand_ins):
+                    output = call(*meta_args, **meta_kwargs)
+    except Exception as error:  # the model's own code: any failure means "could not observe"
+        raise TraceError(f"{type(error).__name__}: {_first_line(error)}") from error
+    _outputs(observer, output)
+    for use, shape in zip(observer.uses, observer.shapes):
+        if use.covers and all(cover is not None for cover in use.covers):
+            use.view = merge_views(shape, [cover for cover in use.covers if cover is not None])
+    uses = {id(param): use for param, use in zip(params, observer.uses)}
+    if not any(use.used for use in uses.values()):
+        raise TraceError("the forward used none of the parameters")
+    return uses
+
+
+def _input_to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
+    return value
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _outputs(observer: _Observer, output: Any) -> None:
+    """Heads, and parameters returned as they are, from the model's outputs."""
+    leaves = [x for x in tree_flatten(_plain(output))[0] if isinstance(x, torch.Tensor)]
+    for tensor in leaves:
+        flow = observer.flow(tensor)
+        if flow is None:
+            continue
+        for source in flow.sources:
+            use = observer.uses[source.key]
+            if source.gathered:
+                use.lookups.add("output")
+            else:
+                use.returned = True
+        if flow.stream or flow.sources or not flow.producers:
+            continue
+        if any(observer.uses[key].fed_matmul for key in flow.producers):
+            continue  # a residual stream: its writers' products went on into later layers
+        for key in flow.producers:
+            observer.uses[key].head = True
+
+
+def _plain(output: Any) -> Any:
+    """Model outputs as plain containers: a Hugging Face ``ModelOutput`` is a dict; caches are dropped."""
+    if isinstance(output, Mapping):
+        return {k: _plain(v) for k, v in output.items() if k not in ("past_key_values", "loss")}
+    if isinstance(output, (list, tuple)):
+        return [_plain(v) for v in output]
+    return output
