@@ -764,10 +764,14 @@ class Muon(CheckedGroupsOptimizer):
                         for key, value in saved.items()
                         if torch.is_tensor(value) and value.is_floating_point()
                     }
+        views = [group.get("matrix_views") for group in self.param_groups]  # the model's, not the checkpoint's
         super().load_state_dict(state_dict)
-        for group in self.param_groups:
+        for group, kept in zip(self.param_groups, views):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
+            group.pop("matrix_views", None)
+            if kept is not None:
+                group["matrix_views"] = kept
         for param, values in restored.items():
             self.state[param].update(values)
 

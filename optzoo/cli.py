@@ -99,9 +99,12 @@ def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGr
     chunks = model if isinstance(model, list) else [model]
     if not named_trainable_parameters(chunks):
         raise ValueError(f"`--model`: no trainable parameters; got {args.model!r}; expected a model with at least one")
+    example = parse_example_inputs(args.example_inputs) if args.example_inputs else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        groups, routing = resolve_group_configs(config, chunks, overrides, strict=args.strict)
+        groups, routing = resolve_group_configs(
+            config, chunks, overrides, strict=args.strict, example_inputs=example, trace=not args.no_trace
+        )
     for warning in caught:
         print(f"optzoo: warning: {warning.message}", file=sys.stderr)
     check_param_dtypes(config, groups)  # what get_optimizer would refuse, refused here too
@@ -216,6 +219,16 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         "(a tiny Hugging Face model), or package.module:callable; built on the meta device",
     )  # fmt: skip
     parser.add_argument("--config", help=f"TOML or Python file, or a shipped recipe's name, with config and overrides (default: lr={DEFAULT_LR}, standard overrides)")
+    parser.add_argument(
+        "--example-inputs", metavar="SPEC",
+        help="inputs of one forward, from which roles are read: comma-separated [name=]SHAPE[:dtype], e.g. "
+        "'input_ids=1x16:int64' or '2x3x32x32' (positional); only shapes and dtypes matter "
+        "(default: made from the model: Hugging Face configs, or a module's first layer)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-trace", action="store_true",
+        help="guess roles from module types and names instead of observing one forward",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,6 +278,46 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_cmd_demo)
 
     return parser
+
+
+def parse_example_inputs(spec: str) -> tuple[object, ...] | dict[str, object]:
+    """``--example-inputs``: ``[name=]SHAPE[:dtype]`` entries, comma-separated, as meta tensors.
+
+    Positional entries give a tuple of inputs, named ones a dict; not both.
+
+    Example:
+        >>> {k: (tuple(v.shape), v.dtype) for k, v in parse_example_inputs("input_ids=1x16:int64").items()}
+        {'input_ids': ((1, 16), torch.int64)}
+        >>> [tuple(t.shape) for t in parse_example_inputs("2x3x32x32")]
+        [(2, 3, 32, 32)]
+    """
+    import torch
+
+    positional: list[object] = []
+    named: dict[str, object] = {}
+    for entry in (part.strip() for part in spec.split(",")):
+        name, _, rest = entry.rpartition("=")
+        shape_text, _, dtype_name = rest.partition(":")
+        try:
+            shape = tuple(int(size) for size in shape_text.lower().split("x")) if shape_text else ()
+        except ValueError:
+            raise ValueError(
+                f"`--example-inputs`: not a shape; got {entry!r}; expected [name=]SHAPE[:dtype] such as input_ids=1x16:int64"
+            ) from None
+        dtype = getattr(torch, dtype_name or "float32", None)
+        if not isinstance(dtype, torch.dtype) or any(size < 0 for size in shape):
+            raise ValueError(
+                f"`--example-inputs`: bad dtype or size; got {entry!r}; expected a torch dtype name (float32, int64, "
+                "bfloat16, ...) and sizes >= 0"
+            )
+        tensor = torch.empty(shape, dtype=dtype, device="meta")
+        if name:
+            named[name] = tensor
+        else:
+            positional.append(tensor)
+    if positional and named:
+        raise ValueError(f"`--example-inputs`: mixes positional and named inputs; got {spec!r}; expected one kind")
+    return named if named else tuple(positional)
 
 
 MAX_WORLD_SIZE = 1 << 20

@@ -315,7 +315,7 @@ def load_recipe(name: str) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValu
     Example:
         >>> config, overrides = load_recipe("muon-llm")
         >>> [key.describe() for key in overrides]
-        ["with_name_predicate='is_embedding_or_output', role=('embedding', 'output')", "predicate='is_1d', role=('bias', 'norm')"]
+        ["with_name_predicate='is_embedding_or_output', role=('embedding', 'output')", "predicate='is_1d', role=('bias', 'norm', 'elementwise')"]
     """
     shipped = shipped_recipes()
     if name not in shipped:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -12,7 +14,7 @@ import torch
 
 from optzoo._common import MatrixView, finite_number, jsonable, show_value
 from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
-from optzoo.optimizers.registry import get_spec
+from optzoo.optimizers.registry import OptimizerSpec, Placement, get_spec
 from optzoo.routing import ExampleInputs, ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
 __all__ = [
@@ -302,7 +304,7 @@ def _hand_off_to_fallback(
     moved: list[RoutedParam] = []
     declined: list[RoutedParam] = []
     for routed in params:
-        placement = spec.place(routed.param, routed.roles.names, fields, explicit, routed.roles.view)
+        placement = place(spec, routed.param, routed.roles.names, fields, explicit, routed.roles.view)
         if placement == "cannot":
             if explicit:
                 rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
@@ -324,6 +326,24 @@ def _hand_off_to_fallback(
             reason = f"auto: {spec.name} {why} -> {spec.fallback_field}={fallback!r}"
             parts.append(_Part(config.replace(optimizer=fallback), tuple(moved_params), reason))
     return parts
+
+
+def place(spec: OptimizerSpec, param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:
+    """``spec.place`` of ``param``; a ``place`` registered before views existed takes four arguments."""
+    assert spec.place is not None
+    if _takes_view(spec.place):
+        return spec.place(param, roles, fields, explicit, view)
+    return spec.place(param, roles, fields, explicit)  # type: ignore[call-arg]
+
+
+@functools.cache
+def _takes_view(function: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 5 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str, num_chunks: int) -> ResolvedGroup:

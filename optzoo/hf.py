@@ -295,6 +295,8 @@ def _first_config_that_runs(spec: str, model_class: Any, configs: Iterator[Any])
             with torch.device("meta"):
                 candidate = model_class(config) if model_class is not None else _causal_lm(spec, config)
         except Exception as failure:  # sizes this model refuses: the next, gentler tier
+            if isinstance(failure, ValueError) and str(failure).startswith(f"`hf:{spec}`"):
+                raise  # no causal LM for this config, whatever its sizes
             error = failure
             continue
         first = first if first is not None else config

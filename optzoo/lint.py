@@ -1,54 +1,67 @@
-"""The routing linter: routings that run, but look wrong.
+"""The routing linter: routings that run, but send a parameter against what the forward does with it.
 
-:func:`lint_routing` reads resolved groups (and the rules that made them) and returns
-:class:`Finding` records; ``get_optimizer`` warns once per finding (:class:`RoutingLintWarning`),
-and ``optzoo lint`` / ``optzoo dump-param-groups --lint`` print them. The findings:
+:func:`lint_routing` reads resolved groups, the rules that made them and each parameter's roles
+(the same record routing reads: :mod:`optzoo.routing.roles`), and returns :class:`Finding`
+records; ``get_optimizer`` warns once per finding (:class:`RoutingLintWarning`), and
+``optzoo lint`` / ``optzoo dump-param-groups --lint`` print them. The findings:
 
-* ``embedding-on-matrix-optimizer``: an embedding or the output head sent to a matrix optimizer
-  (Muon, SOAP) by a user rule; they train better on the scalar optimizer (Keller Jordan's Muon,
-  Moonlight, Megatron-Core all keep them there);
-* ``decayed-vector``: a bias, a norm or a 1-D parameter that is weight-decayed;
-* ``large-matrix-on-elementwise``: a large N-D parameter (at least :data:`LARGE_PARAM_ELEMENTS`
-  elements, not an embedding, head, bias, norm or vector) on an element-wise optimizer while a
-  matrix optimizer steps the model's other matrices;
-* ``tied-names-disagree``: a rule that selects a tied tensor under some of its names but not
-  others: its settings reach every name (or, excluded under one name, none);
+* ``embedding-on-matrix-optimizer``: an input table or a head (or what module types call one,
+  where no forward was observed) sent to a matrix optimizer by a user rule or ``use_muon=True``;
+  they train better on the scalar optimizer (Keller Jordan's Muon, Moonlight, Megatron-Core);
+* ``large-matrix-on-elementwise``: a large hidden matrix (at least :data:`LARGE_PARAM_ELEMENTS`
+  elements, not a table, head, gain, bias or norm) that a user rule sends to an element-wise
+  optimizer, or a conv filter that ``muon_flatten_conv=False`` keeps off it, while a matrix
+  optimizer that can take it steps the model's other matrices;
+* ``decayed-vector``: a bias, a norm, an elementwise parameter (a gain of any shape, an SSM
+  parameter) or a 1-D parameter with weight decay;
+* ``blocks-orthogonalised-whole``: a parameter the forward multiplies by as several matrices
+  (experts, heads, groups) on a matrix optimizer that steps its stored shape as one;
+* ``tied-names-disagree``: a rule that selects a tied tensor under some of its names but not others;
 * ``shadowed-rule``: a rule that changes nothing, because earlier rules set every field it sets,
   to the same values, on every parameter it matches.
 
-Each message names the parameters (the first 10, and how many more), the rule, and the fix.
-Silence one with ``warnings.filterwarnings("ignore", category=RoutingLintWarning, message=...)``,
-or all with ``get_optimizer(..., lint=False)``.
+Each finding carries a :class:`Fix`: changes to ``config_overrides`` (narrow a rule, add one,
+remove one) that remove it; :func:`apply_fixes` applies them. Each message names the parameters
+(the first 10, and how many more), the rule, and the fix. Silence one with
+``warnings.filterwarnings("ignore", category=RoutingLintWarning, message=...)``, or all with
+``get_optimizer(..., lint=False)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
+import glob
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from optzoo._common import SCALAR_ROLES, shorten
-from optzoo.groups import ResolvedGroup
-from optzoo.optimizers.registry import get_spec
-from optzoo.routing import Routing
+from optzoo._common import SCALAR_ROLES, MatrixView, shorten
+from optzoo.groups import ResolvedGroup, place
+from optzoo.optimizers.registry import get_spec, registered_names
+from optzoo.routing import ParamKey, RoutedParam, Routing
 
 __all__ = [
     "LARGE_PARAM_ELEMENTS",
     "Finding",
+    "Fix",
     "LintKind",
     "RoutingLintWarning",
+    "apply_fixes",
     "findings_as_json",
     "lint_routing",
     "warn_findings",
 ]
 
 LintKind = Literal[
-    "embedding-on-matrix-optimizer", "decayed-vector", "large-matrix-on-elementwise", "tied-names-disagree", "shadowed-rule",
+    "embedding-on-matrix-optimizer", "large-matrix-on-elementwise", "decayed-vector", "blocks-orthogonalised-whole",
+    "tied-names-disagree", "shadowed-rule",
 ]  # fmt: skip
 LARGE_PARAM_ELEMENTS = 2**16
 """From this many elements an N-D parameter on an element-wise optimizer is worth a word, when a
 matrix optimizer runs: a 256 x 256 matrix, a 3 x 3 conv of 96 to 96 channels, four 64 x 256 experts."""
+_DECAY_FIELDS = ("weight_decay", "wd_mult")
 
 
 class RoutingLintWarning(UserWarning):
@@ -56,12 +69,36 @@ class RoutingLintWarning(UserWarning):
 
 
 @dataclass(frozen=True)
+class Fix:
+    """Changes to ``config_overrides`` that remove a finding (:func:`apply_fixes`)."""
+
+    narrow: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """``(rule index, names)``: the rule leaves these params out (their names join its ``exclude``)."""
+    add: tuple[tuple[ParamKey, Mapping[str, Any]], ...] = ()
+    """New rules, after the existing ones."""
+    remove: tuple[int, ...] = ()
+    """Rules to drop."""
+    extend: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """``(rule index, names)``: the rule's ``name`` globs gain these names (and its ``exclude``, if it
+    left one of them out, gains the others)."""
+
+    def describe(self, routing: Routing) -> str:
+        """The fix in words, with the rules it changes."""
+        parts = [f"leave {_names(list(names))} out of {_rule(routing, k)} (exclude them)" for k, names in self.narrow]
+        parts += [f"give {_rule(routing, k)} every name of the tensor ({_names(list(names))})" for k, names in self.extend]
+        parts += [f"remove {_rule(routing, k)}" for k in self.remove]
+        parts += [f"add {{ParamKey({key.describe()}): {dict(value)}}}" for key, value in self.add]
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class Finding:
-    """One thing the linter found: its kind, the parameters it is about, and the message."""
+    """One thing the linter found: its kind, the parameters it is about, the message and the fix."""
 
     kind: LintKind
     params: tuple[str, ...]
     message: str
+    fix: Fix | None = None
 
 
 def _names(names: Sequence[str]) -> str:
@@ -72,28 +109,100 @@ def _rule(routing: Routing, index: int) -> str:
     return f"rule #{index} {routing.keys[index].describe()}"
 
 
+def _exact(names: Sequence[str]) -> ParamKey:
+    """A key that selects exactly these names (globs escaped)."""
+    escaped = tuple(glob.escape(name) for name in names)
+    return ParamKey(name=escaped[0] if len(escaped) == 1 else escaped)
+
+
+def _local_names(group: ResolvedGroup, routed: RoutedParam) -> tuple[str, ...]:
+    return routed.names  # rules see chunk-local names
+
+
+def _moved(group: ResolvedGroup, routing: Routing, members: Sequence[RoutedParam], fields: Sequence[str], new: Mapping[str, Any]) -> Fix:
+    """Leave ``members`` out of every rule that set one of ``fields`` for them, keep what those
+    rules set besides, and add ``new`` for them."""
+    names = tuple(dict.fromkeys(name for routed in members for name in _local_names(group, routed)))
+    setters = sorted({k for routed in members for k in routed.matched if set(routing.overrides[k]) & set(fields)})
+    kept = {k: v for k, v in group.override.items() if k not in fields}
+    added = {**kept, **new}
+    return Fix(narrow=tuple((k, names) for k in setters), add=((_exact(names), added),) if added else ())
+
+
 def _matrix_optimizers(groups: Sequence[ResolvedGroup]) -> list[str]:
     return list(dict.fromkeys(g.optimizer for g in groups if g.params and not get_spec(g.optimizer).elementwise))
+
+
+def _tables_or_heads(routed: RoutedParam) -> set[str]:
+    ends = {"embedding", "output"} & routed.roles.names
+    if routed.roles.guessed:  # what module types would have called it, set aside by Megatron's tags
+        ends |= {role for role, _ in routed.roles.ignored if role in ("embedding", "output")}
+    return ends
 
 
 def _embeddings_on_matrix_optimizers(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Finding]:
     found: list[Finding] = []
     for group in groups:
-        if get_spec(group.optimizer).elementwise:
+        spec = get_spec(group.optimizer)
+        if spec.elementwise:
             continue
-        ends = [(routed, names) for routed, names in zip(group.params, group.all_names) if {"embedding", "output"} & routed.roles.names]
-        by_rule: dict[tuple[int, ...], list[str]] = {}
-        for routed, names in ends:
-            setters = tuple(k for k in routed.matched if "optimizer" in routing.overrides[k])
-            by_rule.setdefault(setters, []).extend(names)
-        for setters, selected in by_rule.items():
+        by_cause: dict[tuple[int, ...], list[RoutedParam]] = {}
+        for routed in group.params:
+            if _tables_or_heads(routed):
+                by_cause.setdefault(tuple(k for k in routed.matched if "optimizer" in routing.overrides[k]), []).append(routed)
+        for setters, members in by_cause.items():
+            names = [n for routed in members for n in group.all_names[group.params.index(routed)]]
             why = " and ".join(_rule(routing, k) for k in setters) or "tag use_muon=True"
-            fix = "narrow the rule, e.g. exclude=ParamKey(role=('embedding', 'output'))" if setters else "drop the tag"
+            fallback = getattr(group.config, spec.fallback_field) if spec.fallback_field else "adam"
+            fix = _moved(group, routing, members, ("optimizer",), {} if setters else {"optimizer": fallback})
+            how = fix.describe(routing) if setters else f"drop the tag, or {fix.describe(routing)}"
             found.append(Finding(
-                "embedding-on-matrix-optimizer", tuple(selected),
-                f"{_names(selected)}: embedding or output head routed to {group.optimizer} by {why}; got param group "
-                f"#{group.index} ({group.optimizer}); expected them on the scalar optimizer (muon_scalar_optimizer), where "
-                f"embeddings and heads train better: {fix}",
+                "embedding-on-matrix-optimizer", tuple(names),
+                f"{_names(names)}: input table or head routed to {group.optimizer} by {why}; got param group "
+                f"#{group.index} ({group.optimizer}); expected them on the scalar optimizer ({fallback}), where tables "
+                f"and heads train better: {how}",
+                fix,
+            ))  # fmt: skip
+    return found
+
+
+def _takes(optimizer: str, routed: RoutedParam, group: ResolvedGroup) -> bool:
+    """Whether ``optimizer`` could take ``routed`` if a rule sent it there."""
+    spec = get_spec(optimizer)
+    if spec.place is None:
+        return True
+    fields = {name: getattr(group.config, name) for name in spec.config_fields if hasattr(group.config, name)}
+    return place(spec, routed.param, routed.roles.names, {**fields, "muon_flatten_conv": True}, True, routed.roles.view) != "cannot"
+
+
+def _large_matrices_on_elementwise(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Finding]:
+    matrix_optimizers = _matrix_optimizers(groups)
+    if not matrix_optimizers:
+        return []
+    target = matrix_optimizers[0]
+    found: list[Finding] = []
+    for group in groups:
+        if not get_spec(group.optimizer).elementwise:
+            continue
+        for routed, names in zip(group.params, group.all_names):
+            param = routed.param
+            if param.dim() < 2 or param.numel() < LARGE_PARAM_ELEMENTS or not SCALAR_ROLES.isdisjoint(routed.roles.names):
+                continue
+            setters = [k for k in routed.matched if "optimizer" in routing.overrides[k]]
+            conv_off = "conv" in routed.roles.names and not group.config.muon_flatten_conv
+            if not (setters or conv_off) or not _takes(target, routed, group):
+                continue  # routed there by the base config, or by a placement the record decides
+            if conv_off and not setters:
+                fix = _moved(group, routing, [routed], ("muon_flatten_conv",), {"muon_flatten_conv": True})
+            else:
+                fix = _moved(group, routing, [routed], ("optimizer",), {"optimizer": target})
+            found.append(Finding(
+                "large-matrix-on-elementwise", names,
+                f"{_names(names)} ({'x'.join(map(str, param.shape))}, {routed.roles.describe()}): a large matrix on an "
+                f"element-wise optimizer while {' and '.join(matrix_optimizers)} steps the other matrices; got "
+                f"{group.optimizer} (param group #{group.index}{', ' + group.auto_routed if group.auto_routed else ''}); "
+                f"expected {target}: {fix.describe(routing)}",
+                fix,
             ))  # fmt: skip
     return found
 
@@ -103,47 +212,44 @@ def _decayed_vectors(groups: Sequence[ResolvedGroup], routing: Routing) -> list[
     for group in groups:
         if group.weight_decay <= 0:
             continue
-        names = [
-            name
-            for routed, all_names in zip(group.params, group.all_names)
-            if {"bias", "norm"} & routed.roles.names or routed.param.dim() <= 1
-            for name in all_names
-        ]
-        if names:
-            rules = sorted({k for routed in group.params for k in routed.matched})
-            found.append(Finding(
-                "decayed-vector", tuple(names),
-                f"{_names(names)}: biases, norms or 1-D params with weight decay; got weight_decay="
-                f"{group.weight_decay:g} in param group #{group.index} (rules: {', '.join(f'#{k}' for k in rules) or 'none'}); "
-                "expected no decay on them: merge the standard overrides, "
-                "{**get_standard_config_overrides(config), **yours}, or set wd_mult=0.0 on ParamKey(role=('bias', 'norm'), "
-                "predicate=get_predicate('is_1d'))",
-            ))  # fmt: skip
+        members = [r for r in group.params if {"bias", "norm", "elementwise"} & r.roles.names or r.param.dim() <= 1]
+        if not members:
+            continue
+        names = [n for routed in members for n in group.all_names[group.params.index(routed)]]
+        rules = sorted({k for routed in group.params for k in routed.matched})
+        fix = _moved(group, routing, members, _DECAY_FIELDS, {"wd_mult": 0.0})
+        found.append(Finding(
+            "decayed-vector", tuple(names),
+            f"{_names(names)}: biases, norms, elementwise or 1-D params with weight decay; got weight_decay="
+            f"{group.weight_decay:g} in param group #{group.index} (rules: {', '.join(f'#{k}' for k in rules) or 'none'}); "
+            "expected no decay on them (the standard overrides give none: "
+            f"{{**get_standard_config_overrides(config), **yours}}): {fix.describe(routing)}",
+            fix,
+        ))  # fmt: skip
     return found
 
 
-def _large_matrices_on_elementwise(groups: Sequence[ResolvedGroup]) -> list[Finding]:
-    matrix_optimizers = _matrix_optimizers(groups)
-    if not matrix_optimizers:
-        return []
+def _blocks_orthogonalised_whole(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Finding]:
+    viewing = [name for name in registered_names() if get_spec(name).matrix_views]
     found: list[Finding] = []
     for group in groups:
-        if not get_spec(group.optimizer).elementwise:
+        spec = get_spec(group.optimizer)
+        if spec.elementwise or spec.matrix_views:
             continue
         for routed, names in zip(group.params, group.all_names):
-            param = routed.param
-            if param.dim() < 2 or param.numel() < LARGE_PARAM_ELEMENTS or not SCALAR_ROLES.isdisjoint(routed.roles.names):
+            view: MatrixView | None = routed.roles.view
+            if view is None or view.count < 2:
                 continue
-            conv = "conv" in routed.roles.names
-            fix = "set muon_flatten_conv=True for it" if conv and not group.config.muon_flatten_conv else (
-                f"route it there ({{ParamKey(name={names[0]!r}): {{'optimizer': {matrix_optimizers[0]!r}}}}})"
-            )  # fmt: skip
+            target = next((name for name in viewing if _takes(name, routed, group)), None)
+            if target is None:
+                continue
+            fix = _moved(group, routing, [routed], ("optimizer",), {"optimizer": target})
             found.append(Finding(
-                "large-matrix-on-elementwise", names,
-                f"{_names(names)} ({'x'.join(map(str, param.shape))}, {routed.roles.describe()}): a large matrix on an "
-                f"element-wise optimizer while {' and '.join(matrix_optimizers)} steps the other matrices; got "
-                f"{group.optimizer} (param group #{group.index}{', ' + group.auto_routed if group.auto_routed else ''}); "
-                f"expected {matrix_optimizers[0]}: {fix}",
+                "blocks-orthogonalised-whole", names,
+                f"{_names(names)} ({'x'.join(map(str, routed.param.shape))}): the forward multiplies by it as "
+                f"{view.describe()}; got {group.optimizer} (param group #{group.index}), which steps its stored shape as "
+                f"one matrix; expected each block stepped on its own, as {target} does: {fix.describe(routing)}",
+                fix,
             ))  # fmt: skip
     return found
 
@@ -164,11 +270,13 @@ def _tied_names_disagree(groups: Sequence[ResolvedGroup], routing: Routing) -> l
                     f"its {sorted(routing.overrides[index])} reach every name" if index in routed.matched
                     else "it sets nothing on the tensor (another name is excluded)"
                 )  # fmt: skip
+                fix = Fix(extend=((index, tuple(local)),))
                 found.append(Finding(
                     "tied-names-disagree", names,
                     f"{_names(names)}: one tied tensor; {_rule(routing, index)} selects {_names(selected)} but not "
                     f"{_names([n for n in names if n not in selected])}, so {outcome}; got different answers for one "
-                    "tensor; expected a rule that selects all its names or none",
+                    f"tensor; expected a rule that selects all its names or none: {fix.describe(routing)}",
+                    fix,
                 ))  # fmt: skip
     return found
 
@@ -204,6 +312,7 @@ def _shadowed_rules(routing: Routing) -> list[Finding]:
                 f"{_rule(routing, k)}: changes nothing; got {dict(fields)} on {_names(names)}, all of it set already by "
                 f"{', '.join(_rule(routing, j) for j in sorted(shadows))}; expected it removed, or narrowed to the "
                 "params it is meant for",
+                Fix(remove=(k,)),
             ))  # fmt: skip
     return found
 
@@ -218,14 +327,78 @@ def lint_routing(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Find
         >>> groups, routing = resolve_group_configs(OptimizerConfig(lr=1e-3, weight_decay=0.1), model, {})
         >>> [(f.kind, f.params) for f in lint_routing(groups, routing)]
         [('decayed-vector', ('0.bias', '1.weight', '1.bias'))]
+        >>> fixed = apply_fixes(routing, [f.fix for f in lint_routing(groups, routing) if f.fix])
+        >>> lint_routing(*resolve_group_configs(OptimizerConfig(lr=1e-3, weight_decay=0.1), model, fixed))
+        []
     """
     return [
         *_embeddings_on_matrix_optimizers(groups, routing),
+        *_large_matrices_on_elementwise(groups, routing),
         *_decayed_vectors(groups, routing),
-        *_large_matrices_on_elementwise(groups),
+        *_blocks_orthogonalised_whole(groups, routing),
         *_tied_names_disagree(groups, routing),
         *_shadowed_rules(routing),
     ]
+
+
+def apply_fixes(routing: Routing, fixes: Sequence[Fix]) -> dict[ParamKey, dict[str, Any]]:
+    """``config_overrides`` with ``fixes`` applied to the rules ``routing`` was resolved from.
+
+    The result is explicit: pass it as ``config_overrides`` (with ``None``, the standard
+    overrides, ``routing`` holds them as its rules and so does the result).
+    """
+    keys = list(routing.keys)
+    excluded: dict[int, list[str]] = {}
+    extended: dict[int, list[str]] = {}
+    removed: set[int] = set()
+    added: dict[ParamKey, dict[str, Any]] = {}
+    for fix in fixes:
+        for index, names in fix.narrow:
+            excluded.setdefault(index, []).extend(names)
+        for index, names in fix.extend:
+            extended.setdefault(index, []).extend(names)
+        removed.update(fix.remove)
+        for key, value in fix.add:
+            added.setdefault(key, {}).update(value)
+    result: dict[ParamKey, dict[str, Any]] = {}
+    for index, (key, override) in enumerate(zip(keys, routing.overrides)):
+        if index in removed:
+            continue
+        if index in excluded:
+            key = _with_excluded(key, excluded[index])
+        if index in extended:
+            key = _with_names(key, extended[index])
+        result[key] = {**result.get(key, {}), **dict(override)}
+    for key, value in added.items():
+        result[key] = {**result.get(key, {}), **value}
+    return result
+
+
+def _globs(key: ParamKey | None) -> tuple[str, ...]:
+    if key is None:
+        return ()
+    return (key.name,) if isinstance(key.name, str) else tuple(key.name)
+
+
+def _with_excluded(key: ParamKey, names: Sequence[str]) -> ParamKey:
+    extra = tuple(glob.escape(name) for name in dict.fromkeys(names))
+    exclude = key.exclude
+    if exclude is None:
+        return dataclasses.replace(key, exclude=ParamKey(name=extra))
+    return dataclasses.replace(key, exclude=dataclasses.replace(exclude, name=tuple(dict.fromkeys(_globs(exclude) + extra))))
+
+
+def _with_names(key: ParamKey, names: Sequence[str]) -> ParamKey:
+    """``key`` selecting all of ``names`` (one tensor's): included under each, or excluded under each."""
+    escaped = tuple(glob.escape(name) for name in dict.fromkeys(names))
+    if key.exclude is not None and any(_selects_by_name(key.exclude, name) for name in names):
+        return _with_excluded(key, names)  # left out under one name: left out under all
+    return dataclasses.replace(key, name=tuple(dict.fromkeys(_globs(key) + escaped)))
+
+
+def _selects_by_name(key: ParamKey, name: str) -> bool:
+    """Whether ``key``'s name globs select ``name`` (other fields aside)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _globs(key))
 
 
 def warn_findings(findings: Sequence[Finding], *, stacklevel: int = 2) -> None:

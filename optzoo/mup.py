@@ -31,6 +31,11 @@ def _plain(name: str) -> ParamPredicate:
     return predicate
 
 
+_DECOUPLED_ROLES = ("embedding", "output")
+"""The roles the standard overrides give ``decoupled_lr`` besides Megatron's tag: MuP's rules leave
+them out, as they leave the tag out, so the two never set one param's lr differently."""
+
+
 def get_mup_config_overrides(
     config: OptimizerConfig, mup_width_mult: float, optimizer_type: str | None = None
 ) -> dict[ParamKey, dict[str, Any]]:
@@ -136,7 +141,7 @@ def get_mup_config_overrides(
     if is_sgd:
         scaled = _scaled(config, mup_width_mult)
         if scaled:
-            exclude = ParamKey(attr=tagged) if decoupled else None
+            exclude = ParamKey(attr=tagged, role=_DECOUPLED_ROLES) if decoupled else None
             overrides[ParamKey(with_name_predicate=vector_like, exclude=exclude)] = scaled
         return overrides
 
@@ -151,7 +156,9 @@ def get_mup_config_overrides(
             overrides[hidden] = {**lr, **eps}
         return overrides
     if lr:
-        not_tagged = ParamKey(name="*", exclude=ParamKey(attr=tagged, predicate=muon_matrix, with_name_predicate=vector_like))
+        not_tagged = ParamKey(
+            name="*", exclude=ParamKey(attr=tagged, predicate=muon_matrix, with_name_predicate=vector_like, role=_DECOUPLED_ROLES)
+        )
         overrides[not_tagged] = lr
     if eps:
         overrides[hidden] = eps

@@ -11,7 +11,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from optzoo._common import jsonable
+import torch
+
+from optzoo._common import MatrixView, jsonable
 from optzoo.config import OptimizerConfig
 from optzoo.distributed.plan import Shard, ShardingPlan
 from optzoo.groups import ResolvedGroup
@@ -87,19 +89,29 @@ def _matched_rules(group: ResolvedGroup, matched: Sequence[int], routing: Routin
     return reasons
 
 
-EXPLAIN_HEADERS = ["parameter", "group", "shape", "role", "matched rules"]
+EXPLAIN_HEADERS = ["parameter", "group", "shape", "role", "matrices", "matched rules"]
 
 
 def explain_rows(groups: Sequence[ResolvedGroup], routing: Routing) -> list[list[Any]]:
     """One row per parameter name (tied names included) (:data:`EXPLAIN_HEADERS`): name, group,
-    shape, its roles with their sources, the rules that matched it."""
+    shape, its roles with their sources, the matrices its optimizer steps it as (the blocks the
+    forward multiplies by, out x in; ``-`` for element-wise optimizers), the rules that matched it."""
     rows: list[list[Any]] = []
     for group in groups:
         for routed, names in zip(group.params, group.all_names):
             reasons = "; ".join(_matched_rules(group, routed.matched, routing)) or "-"
             shape = "x".join(map(str, routed.param.shape)) or "scalar"
-            rows.extend([name, group.index, shape, routed.roles.describe(), reasons] for name in names)
+            matrices = _matrices(group, routed.param)
+            rows.extend([name, group.index, shape, routed.roles.describe(), matrices, reasons] for name in names)
     return rows
+
+
+def _matrices(group: ResolvedGroup, param: torch.Tensor) -> str:
+    """The matrices a non-element-wise optimizer steps ``param`` as: the forward's view, else its default."""
+    if get_spec(group.optimizer).elementwise or param.dim() < 2:
+        return "-"
+    view = group.matrix_view_of(param) or MatrixView.default(tuple(param.shape), flatten=group.flatten)
+    return view.describe()
 
 
 def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing) -> dict[str, Any]:
@@ -115,6 +127,8 @@ def param_group_map(groups: Sequence[ResolvedGroup], routing: Routing) -> dict[s
                 mapping[name] = group.index
                 provenance[name] = _matched_rules(group, routed.matched, routing)
                 roles[name] = dict(zip(routed.roles.roles, routed.roles.sources))
+                if routed.roles.guessed:
+                    roles[name]["guessed"] = "no forward use observed: module types, names and shapes"
     return {
         "param_to_group": mapping,
         "matched_rules": provenance,

@@ -701,7 +701,8 @@ def _untouched(module: nn.Module) -> Iterator[None]:
                 if mod.__dict__.get(name, _MISSING) is not value:
                     mod.__dict__[name] = value
             for current, kept in ((mod._parameters, parameters), (mod._buffers, buffers), (mod._modules, modules)):
-                if current != kept or list(current) != list(kept):
+                # by identity: == on tensors compares values (and a meta stand-in cannot be compared)
+                if list(current) != list(kept) or any(current[k] is not v for k, v in kept.items()):
                     current.clear()
                     current.update(kept)
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from .dataflow import ParamUse, TraceError, observe
 
-__all__ = ["ExampleInputs", "example_inputs", "trace_uses"]
+__all__ = ["ExampleInputs", "example_inputs", "has_forward", "trace_uses"]
 
 ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
 """A module's inputs: one tensor, a tuple or list of positional arguments, or a dict of keyword arguments."""
@@ -84,6 +84,15 @@ def _attribute(holder: Any, name: str) -> Any:
         return getattr(holder, name, None)
     except Exception:  # transformers' per-layer attributes raise their own error for a global read
         return None
+
+
+def has_forward(module: nn.Module) -> bool:
+    """Whether the model underneath any wrapper defines a forward (a ``ModuleDict`` of params does not)."""
+    model = _unwrap_model(module)
+    forward = getattr(type(model), "forward", None)
+    return forward is not None and forward is not nn.Module.forward and not isinstance(
+        model, (nn.ModuleDict, nn.ModuleList, nn.ParameterList, nn.ParameterDict)
+    )
 
 
 def _config_value(config: Any, *names: str) -> Any:

@@ -43,7 +43,7 @@ from torch import nn
 from .._common import ROLES, MatrixView, Role
 from ._guess import Found, by_name, guess_roles
 from .dataflow import ParamUse
-from .inputs import ExampleInputs, trace_uses
+from .inputs import ExampleInputs, has_forward, trace_uses
 
 __all__ = ["ROLE_ATTRIBUTE", "GuessedRolesWarning", "ParamRoles", "infer_roles", "param_roles"]
 
@@ -262,7 +262,8 @@ def infer_roles(
             example = _example_for(example_inputs, index, len(chunks))
             uses, how = trace_uses(chunk, example)
             if uses is None:
-                _warn_guessed(chunk, how, index if len(chunks) > 1 else None)
+                if has_forward(chunk):  # a container of params has none to observe: nothing to say
+                    _warn_guessed(chunk, how, index if len(chunks) > 1 else None)
                 continue
             for key, use in uses.items():
                 if use.used and key not in observed:

@@ -21,6 +21,9 @@ from optzoo.wrapper.param_map import ParamMap, Part
 from optzoo.wrapper.scalers import MegatronGradScaler
 
 KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+STRUCTURAL_KEYS = ("params", "param_names", "matrix_views")
+"""Group keys the model decides, not the checkpoint: which params, their names, and how the forward
+multiplies by them (:class:`~optzoo._common.MatrixView`, parallel to this process's params)."""
 """Group keys that choose how torch computes a step, not what: this process's choice (for its
 device and its params) stands, whatever the saving process chose. Restoring another process's
 ``fused`` would change the rounding (torch's fused CPU Adam rounds differently from foreach) or
@@ -46,7 +49,7 @@ def state_dict_of(
     """
     group_names = param_map.group_names()
     groups = [
-        {**{k: v for k, v in group.items() if k != "params"}, "param_names": list(group_names[index])}
+        {**{k: v for k, v in group.items() if k not in STRUCTURAL_KEYS}, "param_names": list(group_names[index])}
         for index, group in enumerate(param_groups)
     ]
     mains = {entry.name: entry.main for entry in param_map.local if entry.main is not None}
@@ -203,7 +206,7 @@ def load_state_dict_(
 
     for group, saved in matched:
         for key, value in saved.items():
-            if key not in ("params", "param_names", *KERNEL_KEYS):
+            if key not in (*STRUCTURAL_KEYS, *KERNEL_KEYS):
                 group[key] = copy.deepcopy(value)
     state.clear()
     state.update(new_state)
@@ -269,7 +272,7 @@ def _check_group_values(saved: Mapping[str, Any], group: Mapping[str, Any], wher
     bool where a bool is, a pair where a pair is) and lie in range: a damaged or hand-edited
     checkpoint is refused here, not by a ``TypeError`` at the next step or by silent divergence."""
     for key, mine in group.items():
-        if key in ("params", "param_names", *KERNEL_KEYS) or key not in saved:
+        if key in (*STRUCTURAL_KEYS, *KERNEL_KEYS) or key not in saved:
             continue
         value = saved[key]
         if _is_number(mine) or (isinstance(mine, tuple) and all(_is_number(x) for x in mine)):

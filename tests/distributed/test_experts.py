@@ -45,6 +45,9 @@ class TinyMoE(nn.Module):
             {str(e): nn.Sequential(nn.Linear(hidden, ffn, bias=False), nn.GELU(), nn.Linear(ffn, hidden, bias=False)) for e in experts}
         )
         self.head = nn.Linear(hidden, vocab)
+        # The forward makes it the output head (the scalar optimizer's); these tests are about
+        # distributed parity, written with it on Muon: the tag keeps it there.
+        self.head.weight.optzoo_role = "matrix"  # type: ignore[attr-defined]
         for expert in self.experts.values():
             for param in expert.parameters():
                 param.allreduce = False  # type: ignore[attr-defined]  # Megatron's expert mark
@@ -64,6 +67,7 @@ def _whole_model() -> TinyMoE:
 def _holding(model: TinyMoE, experts: Sequence[int]) -> TinyMoE:
     """A copy holding only ``experts`` (an expert-parallel rank's model)."""
     part = copy.deepcopy(model)
+    part.head.weight.optzoo_role = "matrix"  # type: ignore[attr-defined]  # deepcopy drops a Parameter's attributes
     for e in range(EXPERTS):
         if e not in experts:
             del part.experts[str(e)]

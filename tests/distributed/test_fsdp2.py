@@ -157,8 +157,8 @@ def test_fsdp2_matches_one_process(name: str, fsdp: list[dict[str, Any]], single
 
 def test_soap_refuses_dtensor_params(fsdp: list[dict[str, Any]]) -> None:
     expected = (
-        r"`embedding\.position_embeddings\.weight`: soap needs whole matrices .*; "
-        r"got a DTensor of shape \(8, 16\) with placements \(Shard\(dim=0\),\); expected a plain tensor"
+        r"`decoder\.layers\.0\.self_attention\.linear_qkv\.weight`: soap needs whole matrices .*; "
+        r"got a DTensor of shape \(48, 16\) with placements \(Shard\(dim=0\),\); expected a plain tensor"
     )
     for result in fsdp:
         assert re.fullmatch(expected + ".*", result["soap"]), result["soap"]
@@ -294,6 +294,8 @@ def test_roles_and_muon_routing_survive_fully_shard() -> None:
     for roles, placement, sharded in run_ranks(WORLD_SIZE, _hf_moe_roles_under_fsdp):
         assert sharded
         assert (roles, placement) == expected
-    assert expected[0]["model.layers.0.mlp.experts.gate_up_proj"] == "expert (Qwen3MoeExperts)"
+    assert expected[0]["model.layers.0.mlp.experts.gate_up_proj"] == (
+        "matrix (forward: the weight of _grouped_mm, its product fed on); expert (forward: the data chooses which of its blocks to apply)"
+    )
     assert expected[1]["model.layers.0.mlp.experts.gate_up_proj"] == "muon"
     assert expected[1]["model.embed_tokens.weight"] == "adam"

@@ -48,4 +48,6 @@ def test_the_moe_example_puts_every_expert_stack_on_muon() -> None:
         ("gate_up_proj", "4x64x64", "True"), ("down_proj", "4x64x32", "True"),
         ("gate_up_proj", "4x64x64", "True"), ("down_proj", "4x64x32", "True"),
     ], out
-    assert re.search(r"roles: embedding 1, expert 4, matrix 8, norm 9, output 1, router 2$", out, re.MULTILINE), out
+    # Qwen3-MoE's forward, 2 layers: q/k/v/o, a router and two expert stacks per layer are matmul weights (14),
+    # 9 RMSNorm gains (q_norm, k_norm and two layer norms per layer, and the final one)
+    assert re.search(r"roles: elementwise 9, embedding 1, expert 4, matrix 14, norm 9, output 1, router 2$", out, re.MULTILINE), out

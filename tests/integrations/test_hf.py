@@ -141,9 +141,10 @@ def test_an_explicit_use_muon_true_wins_over_the_role() -> None:
     model = transformers.AutoModelForCausalLM.from_config(load_hf_config("GPT2Config"))
     model.transformer.wpe.weight.use_muon = True
     with pytest.warns(RoutingLintWarning, match=(
-        r"^lint: embedding-on-matrix-optimizer: `transformer\.wpe\.weight`: embedding or output head routed to muon by "
-        r"tag use_muon=True; got param group #0 \(muon\); expected them on the scalar optimizer \(muon_scalar_optimizer\), "
-        r"where embeddings and heads train better: drop the tag$"
+        r"^lint: embedding-on-matrix-optimizer: `transformer\.wpe\.weight`: input table or head routed to muon by "
+        r"tag use_muon=True; got param group #0 \(muon\); expected them on the scalar optimizer \(adam\), "
+        r"where tables and heads train better: drop the tag, or add \{ParamKey\(name='transformer\.wpe\.weight'\): "
+        r"\{'optimizer': 'adam'\}\}$"
     )):  # fmt: skip
         optimizer = get_optimizer(MUON, model)
     assert "transformer.wpe.weight" in optimizer.param_groups[0]["param_names"]
@@ -181,7 +182,8 @@ def test_build_model_hf_spec_builds_on_meta_by_default() -> None:
     model = build_model("hf:LlamaConfig")
     assert isinstance(model, nn.Module)
     assert {p.device.type for p in model.parameters()} == {"meta"}
-    assert infer_roles(model)[id(model.lm_head.weight)].describe() == "output (get_output_embeddings())"
+    # LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]), returned as is
+    assert infer_roles(model)[id(model.lm_head.weight)].describe() == "output (forward: its product (mm) is a model output, no matmul after it)"
 
 
 def test_config_json_file_or_folder_builds_the_same_model(tmp_path: Path) -> None:
@@ -200,8 +202,8 @@ def test_config_json_file_or_folder_builds_the_same_model(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("spec", "error", "message"),
     [
-        ("hf:NoSuchConfig", ValueError, r"^`hf:NoSuchConfig`: not a transformers config class; got 'NoSuchConfig'"),
-        ("hf:LlamaModel", ValueError, r"^`hf:LlamaModel`: not a transformers config class"),
+        ("hf:NoSuchConfig", ValueError, r"^`hf:NoSuchConfig`: not a transformers config or model class; got 'NoSuchConfig'"),
+        ("hf:AutoConfig", ValueError, r"^`hf:AutoConfig`: not a transformers config or model class"),
         ("hf:ViTConfig", ValueError, r"^`hf:ViTConfig`: AutoModelForCausalLM has no model for this config; got ViTConfig"),
         ("hf:/no/such/config.json", FileNotFoundError, r"^`hf:/no/such/config.json`: no such config file"),
     ],

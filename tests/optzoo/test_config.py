@@ -42,7 +42,9 @@ MEGATRON_DEFAULTS = {
 }  # fmt: skip
 
 
-OPTZOO_EXTENSIONS = {"muon_flatten_conv": True, "muon_fsdp_orthogonalize": "auto", "fold_clip_and_scale": True}
+OPTZOO_EXTENSIONS = {
+    "muon_flatten_conv": True, "muon_input_layers": True, "muon_fsdp_orthogonalize": "auto", "fold_clip_and_scale": True,
+}  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 
 

@@ -39,7 +39,8 @@ def test_none_means_standard_overrides_and_empty_means_none(gpt: torch.nn.Module
 def test_decoupled_lr_applies_to_embedding_and_output_at_once(gpt: torch.nn.Module) -> None:
     opt = get_optimizer(BASE.replace(decoupled_lr=5e-4, decoupled_min_lr=5e-5), gpt)
     group = _group_of(opt, "embedding.word_embeddings.weight")
-    assert group["param_names"] == ["embedding.word_embeddings.weight", "output_layer.weight"]
+    # the tagged word embedding and output layer, and the position table (read by index in the forward)
+    assert group["param_names"] == ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight", "output_layer.weight"]
     assert (group["lr"], group["max_lr"], group["min_lr"]) == (5e-4, 5e-4, 5e-5)
     assert _group_of(opt, "decoder.layers.1.self_attention.linear_qkv.weight")["lr"] == 1e-3
 

@@ -96,11 +96,13 @@ def test_adam_with_decoupled_lr_leaves_the_tagged_lr_alone_but_scales_the_output
     assert [str(w.message) for w in caught] == [DECOUPLED_WARNING.format(lr=5e-4) + ADAM_EPS_NOTE]
     tagged = ParamKey(name="*", exclude=ParamKey(
         attr="is_embedding_or_output_parameter", with_name_predicate=get_predicate("is_mup_vector_like"),  # type: ignore[arg-type]
+        role=("embedding", "output"),
     ))  # fmt: skip
     assert overrides == {tagged: {"max_lr": 2.5e-4, "min_lr": 2.5e-5}, HIDDEN: {"adam_eps": 2.5e-9}}
     assert groups(config, model, {**get_standard_config_overrides(config), **overrides}) == [
-        ("adam", 1e-3, 1e-4, 1e-8, 0.1, [POS]),
-        ("adam", 5e-4, 5e-5, 1e-8, 0.1, [EMBED]),  # decoupled, vector-like: no MuP change
+        # decoupled, vector-like: no MuP change; the position table is an input table (read by
+        # index), so decoupled_lr reaches it too (Megatron-Core: tagged params only)
+        ("adam", 5e-4, 5e-5, 1e-8, 0.1, [EMBED, POS]),
         ("adam", 1e-3, 1e-4, 1e-8, 0.0, VECTORS),
         ("adam", 2.5e-4, 2.5e-5, 2.5e-9, 0.1, MATRICES),
         ("adam", 5e-4, 5e-5, 2.5e-9, 0.1, [OUTPUT]),  # decoupled lr, MuP eps
@@ -140,8 +142,7 @@ def test_sgd_with_decoupled_lr_leaves_the_tagged_params_alone(model: nn.Module) 
     assert [str(w.message) for w in caught] == [DECOUPLED_WARNING.format(lr=5e-3)]
     assert groups(config, model, {**get_standard_config_overrides(config), **overrides}) == [
         ("sgd", 1e-2, None, None, 0.0, MATRICES),
-        ("sgd", 5e-3, None, None, 0.0, [EMBED, OUTPUT]),
-        ("sgd", 4e-2, None, None, 0.0, [POS]),
+        ("sgd", 5e-3, None, None, 0.0, [EMBED, POS, OUTPUT]),  # decoupled: every input table and head
         ("sgd", 4e-2, None, None, 0.0, VECTORS),
     ]
 
@@ -169,9 +170,10 @@ def test_muon_leaves_the_matrices_it_manages_alone(model: nn.Module) -> None:
     ))  # fmt: skip
     assert overrides == {managed: {"max_lr": 1e-2}}  # no eps: Megatron scales eps for Adam only
     assert groups(config, model, {**get_standard_config_overrides(config), **overrides}) == [
-        # The untagged position embedding is Muon's by default (and vector-like to MuP): base lr.
-        ("muon", 2e-2, None, None, 0.0, [POS, *MATRICES]),
-        ("adam", 2e-2, None, 1e-8, 0.0, [EMBED]),  # auto: Muon leaves tagged embeddings to Adam
+        ("muon", 2e-2, None, None, 0.0, MATRICES),
+        # auto: Muon leaves input tables to Adam, the untagged position table too (the forward
+        # reads it by index); vector-like to MuP: base lr
+        ("adam", 2e-2, None, 1e-8, 0.0, [EMBED, POS]),
         ("adam", 2e-2, None, 1e-8, 0.0, VECTORS),
         ("adam", 1e-2, None, 1e-8, 0.0, [OUTPUT]),  # hidden, not Muon's: lr / 2
     ]
@@ -192,17 +194,23 @@ def test_muon_llm_recipe_with_mup_as_muon(model: nn.Module) -> None:
 
 
 def test_is_muon_matrix_agrees_with_the_muon_registry_record() -> None:
-    """On a Megatron-tagged model (whose tags decide embeddings), MuP's test of Muon's matrices is
-    the registry's placement."""
+    """MuP's test of Muon's matrices (Megatron-Core's: tags and shape) is the registry's placement,
+    except on the input tables and heads that only the forward finds (Megatron's untagged
+    position table): the predicate sees a parameter alone, and MuP leaves those alone anyway
+    (vector-like by name)."""
     model = tiny_gpt(qk_layernorm=True)
     model.decoder.layers[1].mlp.linear_fc1.weight.use_muon = False  # type: ignore[index, union-attr]
     spec, predicate = get_spec("muon"), get_predicate("is_muon_matrix")
     assert spec.place is not None
     fields = {name: getattr(OptimizerConfig(), name) for name in spec.config_fields}
     roles = infer_roles(model)
+    differ = []
     for name, param in model.named_parameters():
-        taken = spec.place(param, roles[id(param)].names, fields, False) == "take"
-        assert predicate(param) == taken, name  # type: ignore[call-arg]
+        taken = spec.place(param, roles[id(param)].names, fields, False, roles[id(param)].view) == "take"
+        if predicate(param) != taken:  # type: ignore[call-arg]
+            differ.append(name)
+    assert differ == [POS]
+    assert get_predicate("is_mup_vector_like")(model.embedding.position_embeddings.weight, POS)  # type: ignore[call-arg]
 
 
 # ---- keys, width 1 and errors --------------------------------------------------------------

@@ -127,7 +127,7 @@ def _snapshot(opt: torch.optim.Optimizer) -> tuple[list[dict[str, object]], dict
         (lambda s: s["param_groups"][0]["param_names"].remove("decoder.layers.0.mlp.linear_fc1.weight"),
          r"names only in the checkpoint: \[\]; expected also: \[decoder.layers.0.mlp.linear_fc1.weight\]"),
         (lambda s: s["param_groups"][0].__setitem__("optimizer", "sgd"),
-         r"`state_dict`: param group #0 \(embedding.position_embeddings.weight, ...\) uses optimizer 'adam'; got 'sgd' in the checkpoint"),
+         r"`state_dict`: param group #0 \(decoder.layers.0.self_attention.linear_qkv.weight, ...\) uses optimizer 'adam'; got 'sgd' in the checkpoint"),
         (lambda s: s.__setitem__("format", "torch"), r"`state_dict`: not an optzoo optimizer state dict; got format 'torch'"),
     ],
 )

@@ -477,19 +477,21 @@ def test_standard_overrides_decoupled_lr_sets_max_lr_on_embedding_and_output(gpt
     routing = resolve_quietly(gpt, standard_overrides(decoupled_lr=1e-3))
     assert override_of(routing, EMBED_W) == {"max_lr": 1e-3}
     assert override_of(routing, OUTPUT_W) == {"max_lr": 1e-3}
-    assert override_of(routing, POS_W) == {}
+    # The learned position table is an input table (the forward reads it by index): decoupled_lr
+    # reaches it too, though Megatron's tag leaves it out (docs/megatron.md).
+    assert override_of(routing, POS_W) == {"max_lr": 1e-3}
     assert override_of(routing, L0_QKV_W) == {}
     assert override_of(routing, L0_QKV_B) == {"wd_mult": 0.0}
 
 
 def test_standard_overrides_decoupled_min_lr_is_added_when_given(tied_gpt: GPT) -> None:
     routing = resolve_quietly(tied_gpt, standard_overrides(decoupled_lr=1e-3, decoupled_min_lr=1e-5))
-    assert table(routing)[1] == ({"max_lr": 1e-3, "min_lr": 1e-5}, [EMBED_W])
+    assert table(routing)[1] == ({"max_lr": 1e-3, "min_lr": 1e-5}, [EMBED_W, POS_W])
     assert routed(routing, OUTPUT_W).names == (EMBED_W, OUTPUT_W)
 
 
 def test_standard_overrides_without_decoupled_lr_has_only_the_no_decay_key() -> None:
-    assert [k.describe() for k in standard_overrides()] == ["name='*.bias', predicate='is_1d', role=('bias', 'norm')"]
+    assert [k.describe() for k in standard_overrides()] == ["name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')"]
     assert list(standard_overrides().values()) == [{"wd_mult": 0.0}]
 
 

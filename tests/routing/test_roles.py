@@ -1,9 +1,10 @@
-"""Parameter roles read from the model: each source, their order, and the places they must work.
+"""The fallback roles, guessed from the model when no forward is observed: each source, their order.
 
 Sources, in order: explicit tags (``optzoo_role``, Megatron's ``is_embedding_or_output_parameter``
 and ``allreduce=False``), the model's API (``get_input_embeddings``/``get_output_embeddings``),
 module types, names. Roles hold on the meta device, across chunks, for tied weights, and through
-``ParamKey(role=...)``; FSDP2 is covered in tests/distributed/test_fsdp2.py.
+``ParamKey(role=...)``; FSDP2 is covered in tests/distributed/test_fsdp2.py. Roles read from the
+forward are tests/routing/test_dataflow.py's.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class MoE(nn.Module):
 
 
 def described(model: nn.Module) -> dict[str, str]:
-    roles = infer_roles(model)
-    return {name: roles[id(p)].describe() for name, p in model.named_parameters()}
+    """Each param's roles as ``--explain`` shows them, guessed (``trace=False``): the fallback's rules."""
+    roles = infer_roles(model, trace=False)
+    return {name: roles[id(p)].describe().replace(", guessed)", ")") for name, p in model.named_parameters()}
 
 
 def test_nanogpt_roles_come_from_module_types_the_tie_and_names() -> None:
@@ -160,12 +162,16 @@ def test_an_api_that_raises_is_skipped() -> None:
 
 def test_a_megatron_tagged_model_is_taken_at_its_word_about_embeddings() -> None:
     untied = GPT(GPTConfig(num_layers=1, hidden_size=8, num_heads=2, vocab_size=16, max_seq_len=4))
-    assert infer_roles(untied)[id(untied.output_layer.weight)].describe() == "output (tag is_embedding_or_output_parameter)"
+    assert described(untied)["output_layer.weight"] == "output (tag is_embedding_or_output_parameter)"
     model = GPT(GPTConfig(num_layers=1, hidden_size=8, num_heads=2, vocab_size=16, max_seq_len=4, tie_embeddings=True))
-    tied = infer_roles(model)
+    tied = infer_roles(model, trace=False)
     word, position = model.embedding.word_embeddings.weight, model.embedding.position_embeddings.weight
-    assert tied[id(word)].describe() == "embedding (tag is_embedding_or_output_parameter); output (tag is_embedding_or_output_parameter)"
-    assert tied[id(position)] == ParamRoles(("matrix",), ("2-D",), (("embedding", "Embedding, untagged in a Megatron-tagged model"),))
+    assert tied[id(word)].describe() == (
+        "embedding (tag is_embedding_or_output_parameter, guessed); output (tag is_embedding_or_output_parameter, guessed)"
+    )
+    assert tied[id(position)] == ParamRoles(
+        ("matrix",), ("2-D",), (("embedding", "Embedding, untagged in a Megatron-tagged model"),), guessed=True
+    )
     assert len(tied) == len(list(model.parameters()))
 
 
@@ -179,7 +185,7 @@ def test_explicit_role_attribute_replaces_inference_and_is_checked() -> None:
     model.gate.weight.optzoo_role = "experts"  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match=(
         r"^`gate\.weight`: attribute optzoo_role names no known role; got 'experts'; expected a role or a tuple of roles "
-        r"from \['embedding', 'output', 'bias', 'norm', 'expert', 'router', 'conv', 'matrix', 'vector'\]$"
+        r"from \['embedding', 'output', 'bias', 'norm', 'elementwise', 'expert', 'router', 'conv', 'input', 'matrix', 'vector'\]$"
     )):  # fmt: skip
         infer_roles(model)
 
@@ -188,10 +194,10 @@ def test_roles_on_the_meta_device_and_across_chunks() -> None:
     with torch.device("meta"):
         first, second = NanoGPT(layers=1), NanoGPT(layers=1)
     second.lm_head.weight = first.transformer["wte"].weight  # tied across chunks
-    roles = infer_roles([first, second])
+    roles = infer_roles([first, second], trace=False)
     shared = first.transformer["wte"].weight
-    assert roles[id(shared)].describe() == "embedding (nn.Embedding); output (nn.Linear sharing an embedding's weight)"
-    assert roles[id(second.transformer["wte"].weight)].describe() == "embedding (nn.Embedding)"  # untied in chunk 1
+    assert roles[id(shared)].describe() == "embedding (nn.Embedding, guessed); output (nn.Linear sharing an embedding's weight, guessed)"
+    assert roles[id(second.transformer["wte"].weight)].describe() == "embedding (nn.Embedding, guessed)"  # untied in chunk 1
     assert {p.device.type for p in first.parameters()} == {"meta"}
 
 
@@ -205,7 +211,9 @@ def test_a_lone_parameter_has_the_roles_its_tags_name_and_shape_give() -> None:
 
 def test_param_key_matches_roles_from_the_model_or_from_the_param_alone() -> None:
     model = MoE()
-    routing = resolve_param_groups(model, {ParamKey(role="expert"): {"optimizer": "muon"}, ParamKey(role="router"): {"lr": 0.1}})
+    routing = resolve_param_groups(
+        model, {ParamKey(role="expert"): {"optimizer": "muon"}, ParamKey(role="router"): {"lr": 0.1}}, trace=False
+    )
     assert [(dict(g.override), g.names) for g in routing.groups] == [
         ({"lr": 0.1}, ["gate.weight"]),
         ({"optimizer": "muon"}, ["experts.gate_up_proj", "experts.down_proj", "experts.gate_up_proj_bias"]),
@@ -226,6 +234,6 @@ def test_param_key_rejects_an_unknown_role() -> None:
 def test_every_role_name_is_documented() -> None:
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "routing-real-models.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "roles.md").read_text()
     for role in ROLES:
         assert f"| `{role}` |" in page, role
