@@ -3,14 +3,16 @@
 import warnings as _warnings
 from typing import Any as _Any
 
+from optzoo._common import MatrixView
 from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
 from optzoo.config_file import dump_recipe, load_recipe, parse_recipe, recipe_from_overrides, shipped_recipes
 from optzoo.factory import get_optimizer
 from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_group_configs
-from optzoo.lint import Finding, RoutingLintWarning, lint_routing
+from optzoo.lint import Finding, Fix, RoutingLintWarning, apply_fixes, lint_routing
 from optzoo.mup import get_mup_config_overrides
 from optzoo.optimizers.registry import OptimizerSpec, register, registered_names
 from optzoo.routing import (
+    GuessedRolesWarning,
     ParamKey,
     ParamPredicate,
     ParamRoles,
@@ -40,7 +42,10 @@ __all__ = [
     "DynamicGradScaler",
     "FP32Optimizer",
     "Finding",
+    "Fix",
     "Float16OptimizerWithFloat16Params",
+    "GuessedRolesWarning",
+    "MatrixView",
     "MegatronGradScaler",
     "MixedPrecisionOptimizer",
     "OptimizerConfig",
@@ -54,6 +59,7 @@ __all__ = [
     "RoutingConflictError",
     "RoutingLintWarning",
     "SGDOptimizerConfig",
+    "apply_fixes",
     "dump_recipe",
     "get_canonical_lr_for_logging",
     "get_mup_config_overrides",

@@ -87,8 +87,16 @@ class Fix:
         parts = [f"leave {_names(list(names))} out of {_rule(routing, k)} (exclude them)" for k, names in self.narrow]
         parts += [f"give {_rule(routing, k)} every name of the tensor ({_names(list(names))})" for k, names in self.extend]
         parts += [f"remove {_rule(routing, k)}" for k in self.remove]
-        parts += [f"add {{ParamKey({key.describe()}): {dict(value)}}}" for key, value in self.add]
+        parts += [f"add {{ParamKey({_short(key)}): {dict(value)}}}" for key, value in self.add]
         return "; ".join(parts)
+
+
+def _short(key: ParamKey) -> str:
+    """A key's description, a long list of exact names shortened to the first three and a count."""
+    names = _globs(key)
+    if len(names) <= 3 or key.exclude is not None:
+        return key.describe()
+    return f"name=({', '.join(repr(n) for n in names[:3])}, ... (+{len(names) - 3} more))"
 
 
 @dataclass(frozen=True)
