@@ -129,7 +129,7 @@ def recipe_from_overrides(
         >>> from optzoo import get_standard_config_overrides
         >>> config = OptimizerConfig(lr=1e-3)
         >>> recipe_from_overrides(get_standard_config_overrides(config), config)
-        {'config': {'lr': 0.001}, 'overrides': [{'name': '*.bias', 'predicate': 'is_1d', 'role': ['bias', 'norm'], 'set': {'wd_mult': 0.0}}]}
+        {'config': {'lr': 0.001}, 'overrides': [{'name': '*.bias', 'predicate': 'is_1d', 'role': ['bias', 'norm', 'elementwise'], 'set': {'wd_mult': 0.0}}]}
     """
     document: dict[str, Any] = {}
     if config is not None:

@@ -111,6 +111,7 @@ class _Source:
     layout: Layout | None
     gathered: bool = False  # passed through a read by index
     by_data: bool = False  # ... whose index came from the data
+    via: str = ""  # the op that read it by index
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,7 @@ class _Observer(TorchDispatchMode):
             replayed[index] = [(tuple(r.shape), tuple(r.stride()), r.storage_offset()) for r in results]
         for position, tensor in enumerate(outputs):
             sources = tuple(
-                _Source(s.key, replayed[i][position] if position < len(replayed[i]) else None, s.gathered, s.by_data)
+                _Source(s.key, replayed[i][position] if position < len(replayed[i]) else None, s.gathered, s.by_data, s.via)
                 for i, s in enumerate(flow.sources)
             )
             self.set_flow(tensor, _Flow(sources, flow.data, flow.producers, flow.stream, flow.raw))
@@ -407,7 +408,10 @@ class _Observer(TorchDispatchMode):
         scalar = bool(indices) and all(x.dim() == 0 for x in indices)
         gathered = not (routed or scalar)
         sources = tuple(
-            _Source(s.key, _gathered_layout(func, args, s.layout, out), s.gathered or gathered, s.by_data or (by_data and not gathered))
+            _Source(
+                s.key, _gathered_layout(func, args, s.layout, out), s.gathered or gathered,
+                s.by_data or (by_data and not gathered), s.via or (_name(func) if gathered else ""),
+            )  # fmt: skip
             for s in table.sources
         )
         producers = table.producers.union(*(f.producers for f in index_flows if f is not None))
@@ -440,7 +444,7 @@ class _Observer(TorchDispatchMode):
         assert wflow is not None
         if dflow is None or not (dflow.data or dflow.sources or dflow.producers):
             # a parameter times a constant: still a function of the parameter, with no layout
-            return _Flow(tuple(_Source(s.key, None, s.gathered, s.by_data) for s in wflow.sources), wflow.data, wflow.producers)
+            return _Flow(tuple(_Source(s.key, None, s.gathered, s.by_data, s.via) for s in wflow.sources), wflow.data, wflow.producers)
         if dflow.sources:
             self.uses_of(dflow, "tables", func, operand=data)  # latent arrays, probes; a read row
         for key in dflow.producers:
@@ -497,7 +501,7 @@ class _Observer(TorchDispatchMode):
             out = outputs[0]
             pointwise = torch.Tag.pointwise in func.tags or func in _ELEMENTWISE_OF_PARAMS
             sources = _dedupe(
-                _Source(s.key, _broadcast(s.layout, x, out) if pointwise else None, s.gathered, s.by_data)
+                _Source(s.key, _broadcast(s.layout, x, out) if pointwise else None, s.gathered, s.by_data, s.via)
                 for x, f in present
                 for s in f.sources
             )
@@ -529,7 +533,10 @@ class _Observer(TorchDispatchMode):
             return
         for source in flow.sources:
             use = self.uses[source.key]
-            getattr(use, "lookups" if source.gathered and kind != "gains" else kind).add(_name(func))
+            if source.gathered and kind != "gains":
+                use.lookups.add(source.via or _name(func))
+            else:
+                getattr(use, kind).add(_name(func))
             use.blocks_by_data |= source.by_data
 
 
@@ -804,7 +811,7 @@ def _outputs(observer: _Observer, output: Any) -> None:
         for source in flow.sources:
             use = observer.uses[source.key]
             if source.gathered:
-                use.lookups.add("output")
+                use.lookups.add(source.via or "output")
             else:
                 use.returned = True
         if flow.stream or flow.sources or not flow.producers:

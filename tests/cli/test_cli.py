@@ -224,18 +224,20 @@ def test_explain_adds_one_row_per_parameter_with_matched_rules(capsys: pytest.Ca
     groups_table, explain_table = out.split("\n\n")
     assert len(groups_table.splitlines()) == 4
     header, rule, *rows = explain_table.splitlines()
-    assert columns(header) == ["parameter", "group", "shape", "role", "matched rules"]
+    assert columns(header) == ["parameter", "group", "shape", "role", "matrices", "matched rules"]
     names = builtin_gpt_names()
     assert len(rows) == len(names)
     cells = {columns(row)[0]: columns(row)[1:] for row in rows}
     assert set(cells) == {n for n, _ in names}
-    assert cells["decoder.layers.0.self_attention.linear_qkv.weight"] == ["0", "384x128", "matrix (2-D)", "-"]
-    assert cells["decoder.final_layernorm.bias"] == [
-        "1", "128", "norm (LayerNorm); bias (name)", "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm')",
+    # optzoo/models.py: F.linear(x, linear_qkv.weight, bias), LayerNorm, position_embeddings(arange(...))
+    assert cells["decoder.layers.0.self_attention.linear_qkv.weight"] == [
+        "0", "384x128", "matrix (forward: the weight of addmm, its product fed on)", "-", "-",
     ]
-    assert cells["embedding.position_embeddings.weight"][2] == (
-        "matrix (2-D); not embedding (Embedding, untagged in a Megatron-tagged model)"
-    )
+    assert cells["decoder.final_layernorm.bias"] == [
+        "1", "128", "norm (forward: the weight or bias of a normalisation); elementwise (forward: elementwise with "
+        "activations (native_layer_norm)); bias (name)", "-", "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')",
+    ]
+    assert cells["embedding.position_embeddings.weight"][2] == "embedding (forward: read by index (embedding))"
 
 
 def test_explain_json_has_matched_rules_per_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,9 +245,11 @@ def test_explain_json_has_matched_rules_per_name(capsys: pytest.CaptureFixture[s
     rules = document["matched_rules"]
     assert set(rules) == set(document["param_to_group"])
     assert rules["output_layer.weight"] == []
-    assert rules["decoder.layers.1.mlp.linear_fc1.bias"] == ["#0 name='*.bias', predicate='is_1d', role=('bias', 'norm')"]
-    assert document["roles"]["output_layer.weight"] == {"output": "tag is_embedding_or_output_parameter"}
-    assert document["roles"]["decoder.final_layernorm.weight"] == {"norm": "LayerNorm"}
+    assert rules["decoder.layers.1.mlp.linear_fc1.bias"] == ["#0 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')"]
+    assert document["roles"]["output_layer.weight"] == {"output": "forward: its product (mm) is a model output, no matmul after it"}
+    assert document["roles"]["decoder.final_layernorm.weight"] == {
+        "norm": "forward: the weight or bias of a normalisation", "elementwise": "forward: elementwise with activations (native_layer_norm)",
+    }
 
 
 def test_tied_model_lists_both_names_of_the_tied_tensor(capsys: pytest.CaptureFixture[str]) -> None:
@@ -840,8 +844,9 @@ def test_sharded_config_flag_selects_the_sharded_plan_and_keeps_muon_matrices_wh
     assert document["distributed_mode"] == "sharded"
     owners = document["owners"]
     muon = {n for n, g in group_of(document).items() if document["groups"][g]["optimizer"] == "muon"}
-    # Muon hands the params tagged is_embedding_or_output_parameter to Adam itself.
-    assert muon == GPT_MATRICES - {"embedding.word_embeddings.weight", "output_layer.weight"}
+    # Muon hands the input tables (the tagged word embedding, the position table the forward reads
+    # by index) and the output layer to Adam itself.
+    assert muon == GPT_MATRICES - {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight", "output_layer.weight"}
     assert all(len(owners[n]) == 1 for n in muon)
     assert sum(len(pieces) for pieces in owners.values()) > len(owners)  # some Adam param is split
     # The explicit flag wins over the config's, with a warning saying so.
@@ -901,10 +906,10 @@ def test_world_size_table_adds_an_owner_column_and_a_per_rank_summary(capsys: py
 def test_world_size_with_explain_puts_the_owner_after_the_matched_rules(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--world-size", "2", "--explain")
     header, _, *rows = out.split("\n\n")[1].splitlines()
-    assert columns(header) == ["parameter", "group", "shape", "role", "matched rules", "owner"]
+    assert columns(header) == ["parameter", "group", "shape", "role", "matrices", "matched rules", "owner"]
     row = next(r for r in rows if r.startswith("decoder.final_layernorm.bias "))
     assert columns(row)[-1] == "1"
-    assert columns(row)[-2] == "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm')"
+    assert columns(row)[-2] == "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')"
 
 
 @pytest.mark.parametrize("world", ["0", "-2"])
@@ -1007,10 +1012,10 @@ def test_lint_on_a_hugging_face_model_with_a_rule_that_sends_every_matrix_to_muo
     """)
     lines = run_ok(capsys, "lint", "--model", "hf:LlamaConfig", "--config", config).splitlines()
     assert lines == [
-        "lint: embedding-on-matrix-optimizer: `model.embed_tokens.weight`, `lm_head.weight`: embedding or output head "
+        "lint: embedding-on-matrix-optimizer: `model.embed_tokens.weight`, `lm_head.weight`: input table or head "
         "routed to muon by rule #0 predicate='is_2d_matrix'; got param group #0 (muon); expected them on the scalar "
-        "optimizer (muon_scalar_optimizer), where embeddings and heads train better: narrow the rule, e.g. "
-        "exclude=ParamKey(role=('embedding', 'output'))",
+        "optimizer (adam), where tables and heads train better: leave `model.embed_tokens.weight`, `lm_head.weight` "
+        "out of rule #0 predicate='is_2d_matrix' (exclude them)",
         "1 finding",
     ]
 
