@@ -103,7 +103,7 @@ def _modules_with_parents(chunk: nn.Module) -> Iterable[tuple[str, nn.Module, nn
         if id(module) in seen:
             continue
         seen.add(id(module))
-        in_experts = in_experts or _is_experts(name, module)
+        in_experts = in_experts or (parent is not None and _is_experts(name, module))  # the model itself is no container
         yield name, module, parent, in_experts
         children = list(module.named_children())
         for child_name, child in reversed(children):
@@ -186,7 +186,8 @@ def guess_roles(chunks: Sequence[nn.Module], params: dict[int, tuple[torch.Tenso
                 if _is_router(module_name, module, parent):
                     entry.add("router", kind)
                 if in_experts:
-                    entry.add("expert", kind if _is_experts(module_name, module) else f"{kind} inside an experts module")
+                    container = parent is not None and _is_experts(module_name, module)
+                    entry.add("expert", kind if container else f"{kind} inside an experts module")
     if not tagged:
         linears = [(name, module) for chunk in chunks for name, module in chunk.named_modules() if isinstance(module, nn.Linear)]
         for _, module in linears:

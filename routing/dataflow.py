@@ -524,7 +524,8 @@ class _Observer(TorchDispatchMode):
             else:
                 self.uses_of(flow, "gains", func, operand=tensor)
         stream = table or any(f.stream or f.raw for _, f in present if f.data)
-        raw = any(f.raw for _, f in present)
+        # Still the raw input: parameter-free ops (a norm's too) on nothing but the raw input.
+        raw = (func in _NORMS or not any(f.sources for _, f in present)) and all(f.raw for _, f in present if f.data)
         return _Flow((), True, producers, stream, raw)
 
     def uses_of(self, flow: _Flow | None, kind: str, func: Any, *, operand: torch.Tensor) -> None:
