@@ -148,6 +148,8 @@ _SUBSTITUTES = {"where", "masked_fill", "masked_fill_", "index_put", "index_put_
                 "cat", "stack", "scatter", "scatter_", "index_copy", "index_copy_", "copy_", "slice_scatter", "select_scatter"}  # fmt: skip
 _ROUTING = {_aten.topk.default, _aten.argmax.default}
 _ELEMENTWISE_OF_PARAMS = {_aten._weight_norm_interface.default}
+_VIEW_COPIES = {_aten._unsafe_view.default, _aten.view_copy.default, _aten.permute_copy.default, _aten.t_copy.default}
+"""Ops that copy but lay elements out as a view would (``reshape`` of a copy is ``_unsafe_view``)."""
 """Ops that are elementwise in their first result though not tagged so: weight norm's ``g * v / |v|``."""
 
 
@@ -331,7 +333,7 @@ class _Observer(TorchDispatchMode):
             for flow in flows:
                 for key in flow.producers if flow else ():
                     self.uses[key].router = True
-        if getattr(func, "is_view", False) and isinstance(args[0], torch.Tensor):
+        if (getattr(func, "is_view", False) or func in _VIEW_COPIES) and isinstance(args[0], torch.Tensor):
             self.view(func, args, kwargs, outputs)
             return
         if func in (_aten.clone.default, _aten._to_copy.default, _aten.lift_fresh_copy.default, _aten.contiguous.default):
@@ -381,8 +383,10 @@ class _Observer(TorchDispatchMode):
             shadow = _shadow(source.layout, base)
             try:
                 result = func(shadow, *args[1:], **kwargs)
-            except Exception:  # a view the copy's layout does not allow: the layout is lost
-                continue
+            except Exception:  # a view the copy's layout does not allow
+                result = _merged_in_stride_order(func, source.layout, base, args, kwargs)
+                if result is None:
+                    continue  # the layout is lost
             results = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
             replayed[index] = [(tuple(r.shape), tuple(r.stride()), r.storage_offset()) for r in results]
         for position, tensor in enumerate(outputs):
@@ -442,9 +446,9 @@ class _Observer(TorchDispatchMode):
         weight, wflow = factors[weight_at]
         data, dflow = factors[data_at]
         assert wflow is not None
-        if dflow is None or not (dflow.data or dflow.sources or dflow.producers):
-            # a parameter times a constant: still a function of the parameter, with no layout
-            return _Flow(tuple(_Source(s.key, None, s.gathered, s.by_data, s.via) for s in wflow.sources), wflow.data, wflow.producers)
+        # A constant factor (sinusoidal positions projected by XLNet's r) still makes the parameter a
+        # matrix; its product is a constant that carries the parameter as its producer.
+        dflow = dflow or _Flow()
         if dflow.sources:
             self.uses_of(dflow, "tables", func, operand=data)  # latent arrays, probes; a read row
         for key in dflow.producers:
@@ -676,6 +680,42 @@ def _broadcast(layout: Layout | None, tensor: torch.Tensor, out: torch.Tensor) -
     pad = out.dim() - len(sizes)
     new_strides = [0] * pad + [s if size == o else 0 for size, s, o in zip(sizes, strides, out.shape[pad:])]
     return (tuple(out.shape), tuple(new_strides), offset)
+
+
+_RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default}
+
+
+def _merged_in_stride_order(func: Any, layout: Layout, like: torch.Tensor, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A reshape that merges dims the parameter does not walk in that order (einsum's
+    ``hnd -> (d n) h``), replayed with each merged run of dims put in the parameter's order.
+
+    The merged dim then lists the same elements in another order: a permutation of a matrix's
+    rows, columns or blocks, which leaves the matrices (and their orthogonalisation) as they are.
+    """
+    if func not in _RESHAPES:
+        return None
+    sizes, strides, offset = layout
+    target = [int(s) for s in args[1]]
+    if -1 in target:
+        known = math.prod(s for s in target if s != -1)
+        target[target.index(-1)] = math.prod(sizes) // max(known, 1)
+    order: list[int] = []
+    source = 0
+    for size in target:  # each target dim takes a run of source dims whose sizes multiply to it
+        run, product = [], 1
+        while source < len(sizes) and (product < size or (sizes[source] == 1 and product == size and size != 1)):
+            run.append(source)
+            product *= sizes[source]
+            source += 1
+        if product != size and not (size == 1 and not run):
+            return None
+        order += sorted(run, key=lambda d: -strides[d]) if product == size and len(run) > 1 else run
+    order += list(range(source, len(sizes)))
+    permuted = (tuple(sizes[d] for d in order), tuple(strides[d] for d in order), offset)
+    try:
+        return func(_shadow(permuted, like), *args[1:], **kwargs)  # type: ignore[no-any-return]
+    except Exception:  # not a plain merge either
+        return None
 
 
 def _shadow(layout: Layout, like: torch.Tensor) -> torch.Tensor:

@@ -876,15 +876,17 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"text_model\.head\.bias", "elementwise"),
         # source: SiglipMultiheadAttentionPoolingHead.forward: probe (the query input of the pooling
         # attention) -> nn.MultiheadAttention(probe, x, x) -> residual + mlp(layernorm(.)) -> [:, 0] =
-        # image_embeds. in_proj_weight (packed q/k/v, split before the matmul) and out_proj feed the MLP;
-        # mlp.fc2 writes image_embeds with no matmul after it
+        # image_embeds. in_proj_weight (packed q/k/v, split before the matmul) and out_proj feed the MLP.
+        # mlp.fc2 writes image_embeds with no matmul after it, but as one term of a residual sum
+        # (residual + fc2(...)) whose other writer, out_proj, also feeds fc1: a residual stream's last
+        # write, as a base model's last down_proj is, so hidden (docs/roles.md, "heads and residual streams")
         (r"vision_model\.head\.probe", "table"),
         (r"vision_model\.head\.attention\.in_proj_weight", "hidden"),
         (r"vision_model\.head\.attention\.out_proj\.weight", "hidden"),
         (r"vision_model\.head\.attention\.(in_proj_bias|out_proj\.bias)", "elementwise"),
         (r"vision_model\.head\.layernorm\.(weight|bias)", "elementwise"),
         (r"vision_model\.head\.mlp\.fc1\.weight", "hidden"),
-        (r"vision_model\.head\.mlp\.fc2\.weight", "head"),
+        (r"vision_model\.head\.mlp\.fc2\.weight", "hidden"),
         (r"vision_model\.head\.mlp\.(fc1|fc2)\.bias", "elementwise"),
     ],
     "PerceiverForMaskedLM": [
