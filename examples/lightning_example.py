@@ -55,9 +55,8 @@ class GPTModule(L.LightningModule):
     def __init__(self, *, max_steps: int, seq_len: int) -> None:
         super().__init__()
         self.model = GPT(GPTConfig(hidden_size=64, num_layers=2, num_heads=4, max_seq_len=seq_len))
-        # A lookup table is not a linear map: send the learned positions to AdamW as well. The
-        # built-in GPT carries Megatron's tags, which leave them untagged (so Muon, as in Megatron).
-        self.model.embedding.position_embeddings.weight.use_muon = False
+        # The learned positions are untagged (as in Megatron), but the forward reads them by index:
+        # optzoo routes them to AdamW as the table they are, with no tag needed.
         self.max_steps = max_steps
         self.losses: list[float] = []
 

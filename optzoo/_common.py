@@ -77,7 +77,9 @@ class MatrixView:
         >>> view.count, view.shape, view.describe()
         (4, (3, 8), '4 blocks of 3 x 8 (dim 0: 4 blocks x 3 out, dim 1: in)')
         >>> MatrixView.default((6, 5, 7), flatten=False).describe()
-        '6 blocks of 5 x 7 (dim 0: blocks, dim 1: out, dim 2: in)'
+        '6 blocks of 5 x 7'
+        >>> MatrixView(split=(7, 5), origin=(0, 1), blocks=(), rows=(1,), cols=(0,)).describe()
+        '5 x 7 (dim 0: in, dim 1: out)'
     """
 
     split: tuple[int, ...]
@@ -131,6 +133,8 @@ class MatrixView:
         """``count blocks of rows x cols``, then what each parameter dim is."""
         rows, cols = self.shape
         head = f"{rows} x {cols}" if self.count == 1 and not self.blocks else f"{self.count} blocks of {rows} x {cols}"
+        if len(self.param_shape) >= 2 and self == MatrixView.default(self.param_shape, flatten=False):
+            return head  # the stored shape says it all: [out, in], or a stack of them
         kinds = {i: "blocks" for i in self.blocks} | {i: "out" for i in self.rows} | {i: "in" for i in self.cols}
         parts = []
         for dim in sorted(set(self.origin)):

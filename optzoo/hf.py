@@ -1,20 +1,16 @@
 """Hugging Face ``transformers`` models: build tiny ones offline, for tests, examples and the CLI.
 
 A Hugging Face model needs no tags for optzoo's routing: roles (:mod:`optzoo.routing.roles`) are
-read from the model itself, its ``get_input_embeddings()`` and ``get_output_embeddings()``, its
-module types (``nn.Embedding``, ``LlamaRMSNorm``, ``Qwen3MoeExperts``, ``MixtralTopKRouter``) and
-parameter names, so ``OptimizerConfig(optimizer="muon")`` with the standard overrides gives the
-usual Muon split: embeddings and the head (tied or not), norms, biases and vectors to
+read from one forward of the model on meta stand-ins, with inputs made from its config, so
+``OptimizerConfig(optimizer="muon")`` with the standard overrides gives the usual Muon split:
+input tables and heads (tied or not, whatever their names), norms, biases and gains to
 ``muon_scalar_optimizer``; attention and MLP matrices, routers and expert stacks to Muon.
 :func:`tag_hf_model`, which set Megatron's tags by hand before roles existed, is deprecated.
 
-GPT-2's ``Conv1D`` stores weights as in × out, the transpose of ``nn.Linear``. Newton–Schulz
-commutes with transposition and the default ``muon_scale_mode="spectral"`` (√max(rows, cols)) is
-symmetric, so Muon's update is exactly the transpose of the one for the equivalent ``nn.Linear``;
-``shape_scaling`` and ``unit_rms_norm`` read the stored shape, so they give the factor of the
-transposed layer. GPT-2's fused ``c_attn`` is not split into Q, K and V: Muon splits rows, in
-Megatron's per-group interleaved layout, while ``c_attn`` holds Q, K and V side by side in its
-*columns*; a row split would cut the input dimension. It is orthogonalised whole.
+GPT-2's ``Conv1D`` stores weights as in × out, the transpose of ``nn.Linear``; its forward computes
+``x @ w``, so the roles record reads ``w`` as one out × in matrix and Muon steps (and scales) it as
+the equivalent ``nn.Linear``. GPT-2's fused ``c_attn`` is not split into Q, K and V: the forward
+splits its *product*, not the weight, so it is one matrix, orthogonalised whole.
 """
 
 from __future__ import annotations

@@ -278,7 +278,9 @@ def matrix_view_of(layout: Layout, roles: Sequence[str], shape: Sequence[int]) -
 
     Example:
         >>> matrix_view_of(((6, 4), (1, 6), 0), ("in", "out"), (4, 6)).describe()  # x @ w.t(), w (4, 6)
-        '4 x 6 (dim 0: out, dim 1: in)'
+        '4 x 6'
+        >>> matrix_view_of(((4, 6), (6, 1), 0), ("in", "out"), (4, 6)).describe()  # x @ w, w (in, out)
+        '6 x 4 (dim 0: in, dim 1: out)'
         >>> matrix_view_of(((3, 8), (8, 1), 48), ("out", "in"), (24, 8)).describe()  # rows 6:9 of (24, 8)
         '8 blocks of 3 x 8 (dim 0: 8 blocks x 3 out, dim 1: in)'
     """

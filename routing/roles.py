@@ -146,35 +146,35 @@ def _from_use(param: torch.Tensor, use: ParamUse) -> tuple[Found, MatrixView | N
     if use.weight_ops:
         depthwise = bool(use.conv_groups) and use.conv_in_per_group == {1} and max(use.conv_groups) > 1
         if use.head:
-            found.add("output", f"forward: its product ({_ops(use.weight_ops)}) is a model output, no matmul after it")
+            found.add("output", f"forward: {_ops(use.weight_ops)} weight, its product an output")
         elif not depthwise:
-            found.add("matrix", f"forward: the weight of {_ops(use.weight_ops)}, its product fed on")
+            found.add("matrix", f"forward: {_ops(use.weight_ops)} weight")
         if use.conv_groups:
-            found.add("conv", f"forward: a convolution's weight (groups {_ops({str(g) for g in use.conv_groups})})")
+            found.add("conv", f"forward: convolution, groups {_ops({str(g) for g in use.conv_groups})}")
         if depthwise:
-            found.add("vector", "forward: a depthwise convolution (one input channel per group)")
+            found.add("vector", "forward: depthwise convolution")
         if use.router:
-            found.add("router", "forward: its product goes into a top-k")
+            found.add("router", "forward: its product into a top-k")
         if use.input_layer:
-            found.add("input", "forward: applied to the raw model input")
+            found.add("input", "forward: on the raw model input")
         view = use.view
     if use.blocks_by_data:
-        found.add("expert", "forward: the data chooses which of its blocks to apply")
+        found.add("expert", "forward: blocks chosen by the data")
     if use.lookups:
         found.add("embedding", f"forward: read by index ({_ops(use.lookups)})")
     if use.tables:
-        found.add("embedding", f"forward: its values enter the activations ({_ops(use.tables)})")
+        found.add("embedding", f"forward: put into the activations ({_ops(use.tables)})")
     if use.biases:
         found.add("bias", f"forward: added to activations ({_ops(use.biases)})")
     if use.normalizes:
-        found.add("norm", "forward: the weight or bias of a normalisation")
+        found.add("norm", "forward: a normalisation's weight or bias")
     if use.gains or use.weight_gains or use.returned:
         how = (
-            [f"with activations ({_ops(use.gains)})"] * bool(use.gains)
-            + [f"on another parameter's weight ({_ops(use.weight_gains)})"] * bool(use.weight_gains)
-            + ["returned as a model output"] * use.returned
+            [_ops(use.gains)] * bool(use.gains)
+            + [f"scales a weight ({_ops(use.weight_gains)})"] * bool(use.weight_gains)
+            + ["returned"] * use.returned
         )  # fmt: skip
-        found.add("elementwise", "forward: elementwise " + "; ".join(how))
+        found.add("elementwise", "forward: " + "; ".join(how))
     return found, view
 
 

@@ -231,11 +231,10 @@ def test_explain_adds_one_row_per_parameter_with_matched_rules(capsys: pytest.Ca
     assert set(cells) == {n for n, _ in names}
     # optzoo/models.py: F.linear(x, linear_qkv.weight, bias), LayerNorm, position_embeddings(arange(...))
     assert cells["decoder.layers.0.self_attention.linear_qkv.weight"] == [
-        "0", "384x128", "matrix (forward: the weight of addmm, its product fed on)", "-", "-",
+        "0", "384x128", "matrix (forward: addmm weight)", "-", "-",
     ]
     assert cells["decoder.final_layernorm.bias"] == [
-        "1", "128", "norm (forward: the weight or bias of a normalisation); elementwise (forward: elementwise with "
-        "activations (native_layer_norm)); bias (name)", "-", "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')",
+        "1", "128", "norm (forward: a normalisation's weight or bias); elementwise (forward: native_layer_norm); bias (name)", "-", "#0 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')",
     ]
     assert cells["embedding.position_embeddings.weight"][2] == "embedding (forward: read by index (embedding))"
 
@@ -246,9 +245,9 @@ def test_explain_json_has_matched_rules_per_name(capsys: pytest.CaptureFixture[s
     assert set(rules) == set(document["param_to_group"])
     assert rules["output_layer.weight"] == []
     assert rules["decoder.layers.1.mlp.linear_fc1.bias"] == ["#0 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise')"]
-    assert document["roles"]["output_layer.weight"] == {"output": "forward: its product (mm) is a model output, no matmul after it"}
+    assert document["roles"]["output_layer.weight"] == {"output": "forward: mm weight, its product an output"}
     assert document["roles"]["decoder.final_layernorm.weight"] == {
-        "norm": "forward: the weight or bias of a normalisation", "elementwise": "forward: elementwise with activations (native_layer_norm)",
+        "norm": "forward: a normalisation's weight or bias", "elementwise": "forward: native_layer_norm",
     }
 
 

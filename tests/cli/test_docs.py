@@ -27,7 +27,7 @@ from optzoo.config import _UNSUPPORTED, GROUP_FIELDS, OptimizerConfig
 from optzoo.config_file import load_config_file
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = ["index.md", "getting-started.md", "routing.md", "routing-real-models.md", "cli.md", "optimizers.md", "megatron.md", "mixed-precision.md", "distributed.md", "limitations.md", "schedules.md", "integrations.md"]
+PAGES = ["index.md", "getting-started.md", "routing.md", "roles.md", "routing-real-models.md", "cli.md", "optimizers.md", "megatron.md", "mixed-precision.md", "distributed.md", "limitations.md", "schedules.md", "integrations.md"]
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,7 @@ def test_roles_and_muon_routing_survive_fully_shard() -> None:
         assert sharded
         assert (roles, placement) == expected
     assert expected[0]["model.layers.0.mlp.experts.gate_up_proj"] == (
-        "matrix (forward: the weight of _grouped_mm, its product fed on); expert (forward: the data chooses which of its blocks to apply)"
+        "matrix (forward: _grouped_mm weight); expert (forward: blocks chosen by the data)"
     )
     assert expected[1]["model.layers.0.mlp.experts.gate_up_proj"] == "muon"
     assert expected[1]["model.embed_tokens.weight"] == "adam"

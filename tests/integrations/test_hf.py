@@ -175,6 +175,29 @@ def test_muon_on_a_transposed_weight_is_the_transposed_update() -> None:
     torch.testing.assert_close(conv.detach().T, linear.detach(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["spectral", "unit_rms_norm", "shape_scaling"])
+def test_gpt2s_conv1d_is_stepped_as_the_linear_its_forward_computes(mode: str) -> None:
+    # Conv1D.forward is addmm(bias, x, weight): weight is in x out, so each update is that of the
+    # out x in nn.Linear, transposed, scale factor included (rectangular c_fc: 64 x 256).
+    torch.manual_seed(0)
+    model = build_hf_model("GPT2Config")
+    config = MUON.replace(muon_scale_mode=mode, muon_fp32_matmul_prec="highest", clip_grad=0.0, weight_decay=0.0)
+    optimizer = get_optimizer(config, model, lint=False)
+    c_fc = model.transformer.h[0].mlp.c_fc.weight
+    group = next(g for g in optimizer.param_groups if any(p is c_fc for p in g["params"]))
+    view = group["matrix_views"][[p is c_fc for p in group["params"]].index(True)]
+    assert (view.count, *view.shape) == (1, 256, 64)
+    linear = nn.Parameter(c_fc.detach().T.clone())
+    reference = Muon([linear], lr=config.lr, weight_decay=0.0, fp32_matmul_prec="highest", scale_mode=mode)
+    for param in model.parameters():
+        param.grad = torch.randn_like(param)
+    linear.grad = c_fc.grad.T.clone()
+    optimizer.step()
+    reference.step()
+    # fp32 Newton-Schulz at highest precision, the same matrix laid out transposed: float32 rounding
+    torch.testing.assert_close(c_fc.detach().T, linear.detach(), atol=1e-5, rtol=1e-5)
+
+
 # ---- building from specs ---------------------------------------------------------------------
 
 
@@ -183,7 +206,7 @@ def test_build_model_hf_spec_builds_on_meta_by_default() -> None:
     assert isinstance(model, nn.Module)
     assert {p.device.type for p in model.parameters()} == {"meta"}
     # LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]), returned as is
-    assert infer_roles(model)[id(model.lm_head.weight)].describe() == "output (forward: its product (mm) is a model output, no matmul after it)"
+    assert infer_roles(model)[id(model.lm_head.weight)].describe() == "output (forward: mm weight, its product an output)"
 
 
 def test_config_json_file_or_folder_builds_the_same_model(tmp_path: Path) -> None:

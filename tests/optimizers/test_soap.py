@@ -49,8 +49,8 @@ def test_a_rule_may_route_an_embedding_to_soap_but_not_a_vector(gpt: torch.nn.Mo
     by_name = {n: g for g in opt.param_groups for n in g["param_names"]}
     assert by_name["embedding.word_embeddings.weight"]["optimizer"] == "soap"
     with pytest.raises(ValueError, match=(
-        r"`decoder.layers.0.input_layernorm.weight` \(1-D, shape \(16,\), norm \(forward: the weight or bias of a normalisation\); "
-        r"elementwise \(forward: elementwise with activations \(native_layer_norm\)\)\): routed to soap by rule #0 "
+        r"`decoder.layers.0.input_layernorm.weight` \(1-D, shape \(16,\), norm \(forward: a normalisation's weight or bias\); "
+        r"elementwise \(forward: native_layer_norm\)\): routed to soap by rule #0 "
         r"name='\*layernorm\*'; got a param soap does not take \(2-D only\); expected it routed to another optimizer, e.g. 'adam'"
     )):  # fmt: skip
         get_optimizer(CONFIG, gpt, {ParamKey(name="*layernorm*"): {"optimizer": "soap"}})
