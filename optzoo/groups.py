@@ -330,10 +330,11 @@ def _hand_off_to_fallback(
 
 def place(spec: OptimizerSpec, param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:
     """``spec.place`` of ``param``; a ``place`` registered before views existed takes four arguments."""
-    assert spec.place is not None
-    if _takes_view(spec.place):
-        return spec.place(param, roles, fields, explicit, view)
-    return spec.place(param, roles, fields, explicit)  # type: ignore[call-arg]
+    function: Callable[..., Placement] | None = spec.place
+    assert function is not None
+    if _takes_view(function):
+        return function(param, roles, fields, explicit, view)
+    return function(param, roles, fields, explicit)
 
 
 @functools.cache

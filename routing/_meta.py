@@ -92,7 +92,7 @@ class KnownValues:
             if values is not None and values.dim() == 0:
                 with _disable_current_modes():  # read the real values, not through the trace
                     return format(values.item(), spec)
-            return original_format(tensor, spec)  # type: ignore[no-any-return]
+            return original_format(tensor, spec)  # type: ignore[no-any-return, no-untyped-call]
 
         def tolist(tensor: torch.Tensor) -> Any:
             values = self.get(tensor) if tensor.device.type == "meta" else None
@@ -102,7 +102,7 @@ class KnownValues:
                 return values.tolist()
 
         cls.__format__ = fmt  # type: ignore[method-assign]
-        cls.tolist = tolist  # type: ignore[method-assign]
+        cls.tolist = tolist  # type: ignore[method-assign, assignment]
         try:
             yield
         finally:
@@ -146,7 +146,7 @@ def run_on_meta(func: Any, args: Any, kwargs: dict[str, Any], known: KnownValues
         if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
             return func(args[0], _index_without_masks(indices, known), *args[2:], **kwargs)
     if func is _aten.masked_select.default:
-        shape = torch.broadcast_shapes(args[0].shape, args[1].shape)
+        shape = torch.broadcast_shapes(args[0].shape, args[1].shape)  # type: ignore[no-untyped-call]
         return torch.empty(math.prod(shape), dtype=args[0].dtype, device="meta")
     if func in (_aten._assert_async.default, _aten._assert_async.msg, _aten._assert_scalar.default):
         return None

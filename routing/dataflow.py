@@ -153,8 +153,9 @@ _VIEW_COPIES = {_aten._unsafe_view.default, _aten.view_copy.default, _aten.permu
 """Ops that are elementwise in their first result though not tagged so: weight norm's ``g * v / |v|``."""
 
 
-def _name(func: torch._ops.OpOverload) -> str:
-    return func.overloadpacket.__name__
+def _name(func: Any) -> str:
+    name: str = func.overloadpacket.__name__
+    return name
 
 
 def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -288,11 +289,11 @@ def matrix_view_of(layout: Layout, roles: Sequence[str], shape: Sequence[int]) -
     return None if cover is None else merge_views(shape, [cover])
 
 
-class _Observer(TorchDispatchMode):
+class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Propagates :class:`_Flow` through every op of the forward and fills the :class:`ParamUse` records."""
 
     def __init__(self, params: Sequence[torch.Tensor]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.shapes = [tuple(param.shape) for param in params]
         self.uses = [ParamUse() for _ in params]
         self.flows: dict[int, tuple[_Flow, torch.Tensor]] = {}
@@ -364,9 +365,11 @@ class _Observer(TorchDispatchMode):
     @staticmethod
     def mutated(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
         if "out" in kwargs and isinstance(kwargs["out"], torch.Tensor):
-            return kwargs["out"]  # type: ignore[no-any-return]
+            out: torch.Tensor = kwargs["out"]
+            return out
         if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor):
-            return args[0]  # type: ignore[no-any-return]
+            first: torch.Tensor = args[0]
+            return first
         return None
 
     def view(self, func: Any, args: Any, kwargs: dict[str, Any], outputs: list[torch.Tensor]) -> None:
@@ -390,7 +393,7 @@ class _Observer(TorchDispatchMode):
                 if result is None:
                     continue  # the layout is lost
             results = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
-            replayed[index] = [(tuple(r.shape), tuple(r.stride()), r.storage_offset()) for r in results]
+            replayed[index] = [(tuple(r.shape), tuple(r.stride()), int(r.storage_offset())) for r in results]
         for position, tensor in enumerate(outputs):
             sources = tuple(
                 _Source(s.key, replayed[i][position] if position < len(replayed[i]) else None, s.gathered, s.by_data, s.via)
@@ -738,7 +741,9 @@ def _unique_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 @contextmanager
 def _untouched(module: nn.Module) -> Iterator[None]:
     """Leave every submodule's attributes, hooks and training flags as they were (caches a forward sets too)."""
-    saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in module.modules()]
+    saved: list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = [
+        (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in module.modules()
+    ]
     rng = torch.random.get_rng_state()
     try:
         yield
@@ -750,7 +755,10 @@ def _untouched(module: nn.Module) -> Iterator[None]:
             for name, value in attributes.items():
                 if mod.__dict__.get(name, _MISSING) is not value:
                     mod.__dict__[name] = value
-            for current, kept in ((mod._parameters, parameters), (mod._buffers, buffers), (mod._modules, modules)):
+            pairs: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+                (mod._parameters, parameters), (mod._buffers, buffers), (mod._modules, modules),
+            )  # fmt: skip
+            for current, kept in pairs:
                 # by identity: == on tensors compares values (and a meta stand-in cannot be compared)
                 if list(current) != list(kept) or any(current[k] is not v for k, v in kept.items()):
                     current.clear()

@@ -43,10 +43,12 @@ def _unwrap_runnable(module: nn.Module) -> nn.Module:
     forwards synchronise ranks or compile; the inner module computes the same)."""
     while True:
         kind = type(module).__name__
-        if kind in ("DistributedDataParallel", "DataParallel") and isinstance(getattr(module, "module", None), nn.Module):
-            module = module.module
-        elif isinstance(getattr(module, "_orig_mod", None), nn.Module):
-            module = module._orig_mod
+        inner = getattr(module, "module", None) if kind in ("DistributedDataParallel", "DataParallel") else None
+        compiled = getattr(module, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            module = inner
+        elif isinstance(compiled, nn.Module):
+            module = compiled
         else:
             return module
 

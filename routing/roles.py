@@ -207,7 +207,7 @@ def _add_fallback(found: Found, guessed: Found) -> None:
 
 def _example_for(example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None, index: int, chunks: int) -> ExampleInputs | None:
     if example_inputs is None or chunks == 1:
-        return example_inputs  # type: ignore[return-value]
+        return example_inputs
     if not isinstance(example_inputs, (list, tuple)) or len(example_inputs) != chunks:
         raise ValueError(
             f"`example_inputs`: with {chunks} model chunks, give one entry per chunk (None to make one); "
@@ -271,13 +271,13 @@ def infer_roles(
     roles: dict[int, ParamRoles] = {}
     for key, (tensor, tensor_name) in params.items():
         explicit = _explicit(tensor, tensor_name)
-        use = observed.get(key)
-        if use is None:
+        observed_use = observed.get(key)
+        if observed_use is None:
             fallback = guessed[key]
             fallback.add_shape_default(tensor)
             record = ParamRoles(tuple(fallback.roles), tuple(fallback.sources), tuple(fallback.ignored), guessed=True)
         else:
-            found, view = _from_use(tensor, use)
+            found, view = _from_use(tensor, observed_use)
             _add_fallback(found, guessed[key])
             found.add_shape_default(tensor)
             record = ParamRoles(tuple(found.roles), tuple(found.sources), tuple(found.ignored), view=view)

@@ -448,6 +448,62 @@ def test_model_from_module_callable(capsys: pytest.CaptureFixture[str], write_mo
     assert group_of(document) == {"0.weight": 0, "2.weight": 0, "0.bias": 1, "1.weight": 1, "1.bias": 1}
 
 
+TWO_INPUTS = """
+    import torch
+    from torch import nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(torch.zeros(1, 8, 16))  # a bare table
+            self.body = nn.Linear(16, 16)
+            self.qa = nn.Linear(16, 2)
+
+        def forward(self, x, mask):
+            h = torch.where(mask[..., None], x, x + self.pos)
+            return self.qa(h + self.body(h))
+
+    def build():
+        return Model()
+"""
+
+
+def test_example_inputs_let_the_forward_say_what_each_parameter_is(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    module = write_module(TWO_INPUTS)
+    status, out, err = run(capsys, "dump-param-groups", "--model", f"{module}:build", "--format", "json", "--explain")
+    assert status == 0 and err == (
+        "optzoo: warning: `Model`: roles guessed from module types and names; could not observe its forward: "
+        "Model.forward takes 2 positional inputs; expected inputs for one forward: pass example_inputs= to "
+        "get_optimizer or resolve_param_groups (a tensor, a tuple of inputs or a dict of keyword inputs; only shapes "
+        "and dtypes matter), or --example-inputs to the optzoo command\n"
+    )  # fmt: skip
+    assert json.loads(out)["roles"]["pos"] == {"matrix": "3-D", "guessed": "no forward use observed: module types, names and shapes"}
+    document = dump_json(capsys, "--model", f"{module}:build", "--explain", "--example-inputs", "x=1x8x16,mask=1x8:bool")
+    assert {name: sorted(roles) for name, roles in document["roles"].items()} == {
+        "pos": ["embedding"], "body.weight": ["matrix"], "body.bias": ["bias"], "qa.weight": ["output"], "qa.bias": ["bias"],
+    }
+
+
+def test_no_trace_guesses_and_a_bad_example_inputs_spec_is_an_error(
+    capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
+) -> None:
+    module = write_module(TWO_INPUTS)
+    document = dump_json(capsys, "--model", f"{module}:build", "--explain", "--no-trace")
+    assert document["roles"]["qa.weight"] == {"matrix": "2-D", "guessed": "no forward use observed: module types, names and shapes"}
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--example-inputs", "tokens=1xten")
+    assert line == (
+        "optzoo: error: `--example-inputs`: not a shape; got 'tokens=1xten'; expected [name=]SHAPE[:dtype] such as "
+        "input_ids=1x16:int64"
+    )
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--example-inputs", "1x16:int65")
+    assert line == (
+        "optzoo: error: `--example-inputs`: bad dtype or size; got '1x16:int65'; expected a torch dtype name (float32, "
+        "int64, bfloat16, ...) and sizes >= 0"
+    )
+
+
 def test_model_callable_returning_chunks_gets_chunk_qualified_names(
     capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
 ) -> None:
