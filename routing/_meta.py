@@ -1,4 +1,4 @@
-"""Running a forward's ops on the meta device: shapes without values, and stand-ins where values decide.
+"""Running a forward on the meta device: shapes without values, stand-ins where values decide, and the module left as it was.
 
 Meta tensors hold no values, so an op whose result depends on them gets a stand-in answer:
 ``nonzero`` (and a boolean mask used as an index) finds every element, ``unique`` finds one value,
@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["KnownValues", "run_on_meta", "to_meta"]
+__all__ = ["KnownValues", "run_on_meta", "to_meta", "untouched", "without_fsdp_hooks"]
 
 _aten = torch.ops.aten
 
@@ -182,3 +182,56 @@ def _grouped_mm_meta(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None
         groups = offs.shape[0] if offs is not None else 1
         shape = (groups, a.shape[0], b.shape[-1])
     return torch.empty(shape, dtype=dtype, device="meta")
+
+
+# ---- leaving the module as it was ------------------------------------------------------------
+
+
+@contextmanager
+def untouched(module: nn.Module) -> Iterator[None]:
+    """Leave every submodule's attributes, hooks and training flags as they were (caches a forward sets too)."""
+    saved: list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = [
+        (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in module.modules()
+    ]
+    rng = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(rng)
+        for mod, attributes, parameters, buffers, modules in saved:
+            for name in [n for n in mod.__dict__ if n not in attributes]:
+                del mod.__dict__[name]
+            for name, value in attributes.items():
+                if mod.__dict__.get(name, _MISSING) is not value:
+                    mod.__dict__[name] = value
+            pairs: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+                (mod._parameters, parameters), (mod._buffers, buffers), (mod._modules, modules),
+            )  # fmt: skip
+            for current, kept in pairs:
+                # by identity: == on tensors compares values (and a meta stand-in cannot be compared)
+                if list(current) != list(kept) or any(current[k] is not v for k, v in kept.items()):
+                    current.clear()
+                    current.update(kept)
+
+
+
+_MISSING = object()
+
+
+
+@contextmanager
+def without_fsdp_hooks(module: nn.Module) -> Iterator[None]:
+    """FSDP2's pre-forward would all-gather the real shards over our stand-ins: step around its hooks."""
+    removed: list[tuple[dict[int, Any], int, Any]] = []
+    for mod in module.modules():
+        for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
+            for handle_id, hook in list(hooks.items()):
+                owner = getattr(hook, "__self__", None) or getattr(getattr(hook, "func", None), "__self__", None)
+                if owner is not None and type(owner).__name__ in ("FSDPState", "FSDPParamGroup"):
+                    removed.append((hooks, handle_id, hook))
+                    del hooks[handle_id]
+    try:
+        yield
+    finally:
+        for hooks, handle_id, hook in removed:
+            hooks[handle_id] = hook

@@ -29,9 +29,7 @@ code whose control flow needs real values fails, and the caller falls back.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +39,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .._common import MatrixView
-from ._meta import KnownValues, run_on_meta, to_meta
+from ._meta import KnownValues, run_on_meta, to_meta, untouched, without_fsdp_hooks
+from .layouts import (
+    Cover, Layout, broadcast, cover_of, gathered_layout, is_matrix, merge_views, merged_in_stride_order, shadow, split_groups,
+)  # fmt: skip
 
-__all__ = ["Layout", "ParamUse", "TraceError", "observe"]
+__all__ = ["ParamUse", "TraceError", "observe"]
 
-Layout = tuple[tuple[int, ...], tuple[int, ...], int]
-"""``(sizes, strides, offset)`` of a tensor in its parameter's row-major index space."""
 
 _aten = torch.ops.aten
 
@@ -64,7 +63,7 @@ class ParamUse:
     view: MatrixView | None = None
     """How the forward multiplies by it: the matrices all its weight uses cover, merged
     (:func:`merge_views`); ``None`` when a use could not be told or they disagree."""
-    covers: list[_Cover | None] = field(default_factory=list, repr=False)
+    covers: list[Cover | None] = field(default_factory=list, repr=False)
     """How each weight use covered it (``None``: could not be told)."""
     conv_groups: set[int] = field(default_factory=set)
     """``groups`` of the convolutions that used it; ``in_channels == groups`` is depthwise."""
@@ -156,137 +155,6 @@ _VIEW_COPIES = {_aten._unsafe_view.default, _aten.view_copy.default, _aten.permu
 def _name(func: Any) -> str:
     name: str = func.overloadpacket.__name__
     return name
-
-
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def _runs(size: int, stride: int, shape: Sequence[int]) -> list[tuple[int, int, int]] | None:
-    """``(param dim, count, step)`` runs, outer first, that one tensor dim of ``size`` elements at
-    ``stride`` walks in a parameter of ``shape`` (row-major); ``None`` when it does not tile them."""
-    if size <= 1 or stride == 0:
-        return []
-    strides = _contiguous_strides(shape)
-    dim = next((d for d in range(len(shape)) if strides[d] <= stride and stride % strides[d] == 0 and shape[d] > 1), None)
-    if dim is None:
-        return None
-    step = stride // strides[dim]
-    runs: list[tuple[int, int, int]] = []
-    while size > 1:
-        if dim < 0:
-            return None
-        inner = -(-shape[dim] // step)  # indices along dim reachable with this step
-        if size <= inner:
-            runs.append((dim, size, step))
-            break
-        if inner * step != shape[dim] or size % inner:
-            return None
-        runs.append((dim, inner, step))
-        size //= inner
-        dim, step = dim - 1, 1
-        while dim >= 0 and shape[dim] == 1:
-            dim -= 1
-    return list(reversed(runs))
-
-
-_Cover = tuple[tuple[tuple[tuple[int, str], ...], int, int], ...]
-"""How one matmul operand covers a parameter: per parameter dim, ``(factors, offset, extent)``:
-the ``(count, role)`` factors it walks, outer first (roles ``out``, ``in``, ``block``), where it
-starts along the dim, and how many indices its factors span."""
-
-
-def _cover(layout: Layout, roles: Sequence[str], shape: Sequence[int]) -> _Cover | None:
-    """How an operand laid out as ``layout``, whose dims are ``roles``, covers a parameter of ``shape``."""
-    sizes, strides, offset = layout
-    by_dim: dict[int, list[tuple[int, int, str]]] = {}  # param dim -> [(count, step, role)]
-    for size, stride, role in zip(sizes, strides, roles):
-        runs = _runs(size, stride, shape)
-        if runs is None:
-            return None
-        for dim, count, step in runs:
-            by_dim.setdefault(dim, []).append((count, step, role))
-    coordinates, rest = [], offset
-    for stride in _contiguous_strides(shape):
-        coordinate, rest = divmod(rest, stride)
-        coordinates.append(coordinate)
-    cover = []
-    for dim in range(len(shape)):
-        factors: list[tuple[int, str]] = []
-        span = 1
-        for count, step, role in sorted(by_dim.get(dim, []), key=lambda run: run[1]):  # innermost first
-            if step != span:
-                if span != 1 or step % span:
-                    return None
-                factors.append((step, "block"))  # interleaved: every step-th index
-                span = step
-            factors.append((count, role))
-            span *= count
-        cover.append((tuple(reversed(factors)), coordinates[dim], span))
-    return tuple(cover)
-
-
-def merge_views(shape: Sequence[int], covers: Sequence[_Cover]) -> MatrixView | None:
-    """One :class:`MatrixView` of a parameter from how each of its matmul uses covered it.
-
-    A dim every use walks alike keeps that pattern, the rest of it in blocks; a dim that uses
-    cover in contiguous pieces of one role (packed q, k and v multiplied separately) is split
-    into blocks of the pieces' greatest common size. ``None`` when the uses disagree otherwise.
-    """
-    if not covers:
-        return None
-    split: list[int] = []
-    kinds: list[str] = []
-    origin: list[int] = []
-    for dim, size in enumerate(shape):
-        entries = [cover[dim] for cover in covers]
-        patterns = {factors for factors, _, _ in entries}
-        extent = entries[0][2]
-        if len(patterns) == 1 and all(size % span == 0 and start % span == 0 for _, start, span in entries):
-            factors = list(entries[0][0])
-            if size // extent > 1 or not factors:
-                factors.insert(0, (size // extent, "block"))  # the rest of the dim: blocks the op does not walk
-        else:
-            roles = {f[0][1] for f, _, _ in entries if len(f) == 1}
-            if len(roles) != 1 or any(len(f) != 1 for f, _, _ in entries) or "block" in roles:
-                return None
-            block = math.gcd(size, *(span for _, _, span in entries), *(start for _, start, _ in entries))
-            factors = [(size // block, "block"), (block, roles.pop())] if block < size else [(size, roles.pop())]
-        for count, role in factors:
-            split.append(count)
-            kinds.append(role)
-            origin.append(dim)
-    return MatrixView(
-        split=tuple(split),
-        origin=tuple(origin),
-        blocks=tuple(i for i, kind in enumerate(kinds) if kind == "block"),
-        rows=tuple(i for i, kind in enumerate(kinds) if kind == "out"),
-        cols=tuple(i for i, kind in enumerate(kinds) if kind == "in"),
-    )
-
-
-def matrix_view_of(layout: Layout, roles: Sequence[str], shape: Sequence[int]) -> MatrixView | None:
-    """How one operand of a matmul covers its parameter of ``shape``, as a :class:`MatrixView`.
-
-    ``layout`` places the operand in the parameter; ``roles`` gives, per operand dim, ``"out"``
-    (indexes the product's features), ``"in"`` (contracted) or ``"block"`` (batched over). A
-    parameter dim the operand does not walk, or walks only part of, is split into blocks.
-    ``None`` when the operand does not tile the parameter that way (a gather, a strided copy).
-
-    Example:
-        >>> matrix_view_of(((6, 4), (1, 6), 0), ("in", "out"), (4, 6)).describe()  # x @ w.t(), w (4, 6)
-        '4 x 6'
-        >>> matrix_view_of(((4, 6), (6, 1), 0), ("in", "out"), (4, 6)).describe()  # x @ w, w (in, out)
-        '6 x 4 (dim 0: in, dim 1: out)'
-        >>> matrix_view_of(((3, 8), (8, 1), 48), ("out", "in"), (24, 8)).describe()  # rows 6:9 of (24, 8)
-        '8 blocks of 3 x 8 (dim 0: 8 blocks x 3 out, dim 1: in)'
-    """
-    cover = _cover(layout, roles, shape)
-    return None if cover is None else merge_views(shape, [cover])
 
 
 class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -385,11 +253,11 @@ class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for index, source in enumerate(flow.sources):
             if source.layout is None or tuple(source.layout[0]) != tuple(base.shape):
                 continue
-            shadow = _shadow(source.layout, base)
+            shadow_view = shadow(source.layout, base)
             try:
-                result = func(shadow, *args[1:], **kwargs)
+                result = func(shadow_view, *args[1:], **kwargs)
             except Exception:  # a view the copy's layout does not allow
-                result = _merged_in_stride_order(func, source.layout, base, args, kwargs)
+                result = merged_in_stride_order(func, source.layout, base, args, kwargs)
                 if result is None:
                     continue  # the layout is lost
             results = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
@@ -418,7 +286,7 @@ class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         gathered = not (routed or scalar)
         sources = tuple(
             _Source(
-                s.key, _gathered_layout(func, args, s.layout, out), s.gathered or gathered,
+                s.key, gathered_layout(func, args, s.layout, out), s.gathered or gathered,
                 s.by_data or (by_data and not gathered), s.via or (_name(func) if gathered else ""),
             )  # fmt: skip
             for s in table.sources
@@ -465,9 +333,9 @@ class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             use = self.uses[source.key]
             layout, dim_roles = source.layout, roles
             if layout is not None and roles is not None and groups > 1:
-                layout, dim_roles = _split_groups(layout, roles, groups, transposed=bool(args[6]))
-            cover = None if layout is None or dim_roles is None else _cover(layout, dim_roles, self.shapes[source.key])
-            if source.layout is not None and roles is not None and not _is_matrix(source.layout, roles):
+                layout, dim_roles = split_groups(layout, roles, groups, transposed=bool(args[6]))
+            cover = None if layout is None or dim_roles is None else cover_of(layout, dim_roles, self.shapes[source.key])
+            if source.layout is not None and roles is not None and not is_matrix(source.layout, roles):
                 use.weight_gains.add(_name(func))  # g of weight norm: a scale of the weight, not a matrix
                 continue
             use.weight_ops.add(_name(func))
@@ -510,7 +378,7 @@ class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = outputs[0]
             pointwise = torch.Tag.pointwise in func.tags or func in _ELEMENTWISE_OF_PARAMS
             sources = _dedupe(
-                _Source(s.key, _broadcast(s.layout, x, out) if pointwise else None, s.gathered, s.by_data, s.via)
+                _Source(s.key, broadcast(s.layout, x, out) if pointwise else None, s.gathered, s.by_data, s.via)
                 for x, f in present
                 for s in f.sources
             )
@@ -604,18 +472,6 @@ def _varying_dims(flow: _Flow, tensor: torch.Tensor) -> int:
     return best
 
 
-def _is_matrix(layout: Layout, roles: Sequence[str]) -> bool:
-    """Whether the parameter varies along the operand's contracted and its output dims (of size > 1)
-    alike: a matrix; a gain on the weight varies along one of them only (weight norm's ``g``)."""
-    sizes, strides, _ = layout
-
-    def varies(role: str) -> bool:
-        dims = [stride for size, stride, r in zip(sizes, strides, roles) if r == role and size > 1]
-        return not dims or any(stride != 0 for stride in dims)
-
-    return varies("in") and varies("out")
-
-
 def _weight_dim_roles(func: Any, args: Any, weight: torch.Tensor) -> tuple[str, ...] | None:
     """Per dim of the weight factor: ``out``, ``in`` or ``block`` (batched over)."""
     ndim = weight.dim()
@@ -633,104 +489,6 @@ def _weight_dim_roles(func: Any, args: Any, weight: torch.Tensor) -> tuple[str, 
     return ("block",) * (ndim - 2) + matrix
 
 
-def _split_groups(layout: Layout, roles: tuple[str, ...], groups: int, *, transposed: bool) -> tuple[Layout, tuple[str, ...]]:
-    """A grouped conv's weight seen as ``groups`` blocks: its output-channel dim (its input-channel
-    dim when transposed) split into ``(groups, channels // groups)``."""
-    sizes, strides, offset = layout
-    dim = 0
-    if sizes[dim] % groups:
-        return layout, roles
-    inner = sizes[dim] // groups
-    new_sizes = (groups, inner, *sizes[1:])
-    new_strides = (strides[dim] * inner, strides[dim], *strides[1:])
-    return (new_sizes, new_strides, offset), ("block", *roles)
-
-
-def _gathered_layout(func: Any, args: Any, layout: Layout | None, out: torch.Tensor) -> Layout | None:
-    """The layout of a read by index: the indexed dims become dims the parameter does not vary along."""
-    if layout is None:
-        return None
-    sizes, strides, offset = layout
-    name = _name(func)
-    if name == "embedding":
-        index = args[1]
-        return (tuple(out.shape), (0,) * index.dim() + tuple(strides[1:]), offset)
-    if name == "index_select":
-        dim = args[1] % len(sizes)
-        return (tuple(out.shape), tuple(0 if d == dim else s for d, s in enumerate(strides)), offset)
-    if name in ("index", "_unsafe_index"):
-        indices = list(args[1])
-        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
-            return None
-        indexed = [d for d, index in enumerate(indices) if index is not None]
-        kept = [d for d in range(len(sizes)) if d not in indexed]
-        index_dims = out.dim() - len(kept)
-        if not indexed:
-            return None
-        adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
-        before = [d for d in kept if d < indexed[0]] if adjacent else []
-        after = [d for d in kept if d not in before]
-        new_strides = [strides[d] for d in before] + [0] * index_dims + [strides[d] for d in after]
-        if len(new_strides) != out.dim():
-            return None
-        return (tuple(out.shape), tuple(new_strides), offset)
-    return None
-
-
-def _broadcast(layout: Layout | None, tensor: torch.Tensor, out: torch.Tensor) -> Layout | None:
-    """``layout`` of ``tensor`` broadcast to ``out``'s shape (an elementwise op's operand)."""
-    if layout is None or out.dim() < tensor.dim():
-        return None
-    sizes, strides, offset = layout
-    pad = out.dim() - len(sizes)
-    new_strides = [0] * pad + [s if size == o else 0 for size, s, o in zip(sizes, strides, out.shape[pad:])]
-    return (tuple(out.shape), tuple(new_strides), offset)
-
-
-_RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default}
-
-
-def _merged_in_stride_order(func: Any, layout: Layout, like: torch.Tensor, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """A reshape that merges dims the parameter does not walk in that order (einsum's
-    ``hnd -> (d n) h``), replayed with each merged run of dims put in the parameter's order.
-
-    The merged dim then lists the same elements in another order: a permutation of a matrix's
-    rows, columns or blocks, which leaves the matrices (and their orthogonalisation) as they are.
-    """
-    if func not in _RESHAPES:
-        return None
-    sizes, strides, offset = layout
-    target = [int(s) for s in args[1]]
-    if -1 in target:
-        known = math.prod(s for s in target if s != -1)
-        target[target.index(-1)] = math.prod(sizes) // max(known, 1)
-    order: list[int] = []
-    source = 0
-    for size in target:  # each target dim takes a run of source dims whose sizes multiply to it
-        run, product = [], 1
-        while source < len(sizes) and (product < size or (sizes[source] == 1 and product == size and size != 1)):
-            run.append(source)
-            product *= sizes[source]
-            source += 1
-        if product != size and not (size == 1 and not run):
-            return None
-        order += sorted(run, key=lambda d: -strides[d]) if product == size and len(run) > 1 else run
-    order += list(range(source, len(sizes)))
-    permuted = (tuple(sizes[d] for d in order), tuple(strides[d] for d in order), offset)
-    try:
-        return func(_shadow(permuted, like), *args[1:], **kwargs)  # type: ignore[no-any-return]
-    except Exception:  # not a plain merge either
-        return None
-
-
-def _shadow(layout: Layout, like: torch.Tensor) -> torch.Tensor:
-    """A meta tensor laid out as ``layout`` says, to replay a view on."""
-    sizes, strides, offset = layout
-    span = 1 + offset + sum((size - 1) * stride for size, stride in zip(sizes, strides) if size > 0)
-    base = torch.empty(max(span, 1), dtype=like.dtype, device="meta")
-    return base.as_strided(sizes, strides, offset)
-
-
 # ---- running the forward ------------------------------------------------------------------------
 
 
@@ -738,52 +496,6 @@ def _unique_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return list(module.named_parameters())  # remove_duplicate: one name per tensor (functional_call ties the rest)
 
 
-@contextmanager
-def _untouched(module: nn.Module) -> Iterator[None]:
-    """Leave every submodule's attributes, hooks and training flags as they were (caches a forward sets too)."""
-    saved: list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = [
-        (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in module.modules()
-    ]
-    rng = torch.random.get_rng_state()
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(rng)
-        for mod, attributes, parameters, buffers, modules in saved:
-            for name in [n for n in mod.__dict__ if n not in attributes]:
-                del mod.__dict__[name]
-            for name, value in attributes.items():
-                if mod.__dict__.get(name, _MISSING) is not value:
-                    mod.__dict__[name] = value
-            pairs: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
-                (mod._parameters, parameters), (mod._buffers, buffers), (mod._modules, modules),
-            )  # fmt: skip
-            for current, kept in pairs:
-                # by identity: == on tensors compares values (and a meta stand-in cannot be compared)
-                if list(current) != list(kept) or any(current[k] is not v for k, v in kept.items()):
-                    current.clear()
-                    current.update(kept)
-
-
-_MISSING = object()
-
-
-@contextmanager
-def _without_fsdp_hooks(module: nn.Module) -> Iterator[None]:
-    """FSDP2's pre-forward would all-gather the real shards over our stand-ins: step around its hooks."""
-    removed: list[tuple[dict[int, Any], int, Any]] = []
-    for mod in module.modules():
-        for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
-            for handle_id, hook in list(hooks.items()):
-                owner = getattr(hook, "__self__", None) or getattr(getattr(hook, "func", None), "__self__", None)
-                if owner is not None and type(owner).__name__ in ("FSDPState", "FSDPParamGroup"):
-                    removed.append((hooks, handle_id, hook))
-                    del hooks[handle_id]
-    try:
-        yield
-    finally:
-        for hooks, handle_id, hook in removed:
-            hooks[handle_id] = hook
 
 
 def observe(
@@ -823,7 +535,7 @@ def observe(
         if isinstance(tensor, torch.Tensor):
             observer.mark(tensor, _Flow(data=True, raw=tensor.is_floating_point()))
     try:
-        with _untouched(module), _without_fsdp_hooks(module), torch.no_grad(), torch.device("meta"), observer.known.readable(), observer:
+        with untouched(module), without_fsdp_hooks(module), torch.no_grad(), torch.device("meta"), observer.known.readable(), observer:
             if call is None:
                 output = torch.func.functional_call(module, stand_ins, tuple(meta_args), meta_kwargs, strict=False)
             else:
