@@ -1,7 +1,9 @@
 """Muon's default routing graded against categories written by hand from each model's source.
 
-``tests/integrations/hand_graded.py`` holds, for 40 Hugging Face model classes, the category of
-every trainable parameter, read from the ``transformers`` forwards (not from optzoo). Each model
+``tests/integrations/hand_graded.py`` (40 model classes: encoders with task heads, encoder-decoders,
+vision, audio, SSM and hybrid, MoE, multimodal) and ``hand_graded_llms.py`` (19 causal LMs, by
+config class) hold the category of every trainable parameter, read from the ``transformers``
+forwards (not from optzoo). Each model
 is built tiny on the meta device and routed with ``OptimizerConfig(optimizer="muon")`` and the
 standard overrides; a category fixes the placement:
 
@@ -25,7 +27,10 @@ from optzoo import MatrixView, OptimizerConfig, resolve_group_configs
 from optzoo.groups import ResolvedGroup
 from optzoo.hf import build_hf_model
 from optzoo.routing import RoutedParam
-from tests.integrations.hand_graded import BLOCKS, EXPECTED
+from tests.integrations import hand_graded, hand_graded_llms
+
+EXPECTED = {**hand_graded.EXPECTED, **hand_graded_llms.EXPECTED}
+BLOCKS = {**hand_graded.BLOCKS, **hand_graded_llms.BLOCKS}
 
 MUON = OptimizerConfig(optimizer="muon", lr=1e-3, weight_decay=0.1)
 PLACEMENT: dict[str, tuple[str, float | None]] = {
