@@ -2,7 +2,8 @@
 
 Meta tensors hold no values, so an op whose result depends on them gets a stand-in answer:
 ``nonzero`` (and a boolean mask used as an index) finds every element, ``unique`` finds one value,
-``.item()`` is ``False``, ``1`` or ``1.0``. Small integer tensors whose values are known (what
+``.item()`` is ``1`` or ``1.0``, and a condition is ``False`` (or, on a second try, ``True``: a
+check such as ``assert x.isnan().sum() == 0`` needs it). Small integer tensors whose values are known (what
 ``arange`` and the stand-in ``nonzero`` make, and what is computed from them alone) keep real
 values beside their meta tensor (:class:`KnownValues`), so a loop over the experts a ``nonzero``
 found visits each of them, by its own index (``self[f"expert_{i}"]`` and ``int(i)`` included).
@@ -38,8 +39,9 @@ def to_meta(value: Any) -> Any:
 class KnownValues:
     """Real values kept beside small integer meta tensors made from values the trace knows."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, truth: bool = False) -> None:
         self.values: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(meta tensor) -> (it, its values)
+        self.truth = truth  # the stand-in answer of a condition whose value is not known
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         if not isinstance(tensor, torch.Tensor):
@@ -113,9 +115,9 @@ class KnownValues:
 _MAKES_VALUES = {_aten.arange.default, _aten.arange.start, _aten.arange.start_step}
 
 
-def _item_stand_in(tensor: torch.Tensor) -> bool | int | float:
+def _item_stand_in(tensor: torch.Tensor, truth: bool) -> bool | int | float:
     if tensor.dtype == torch.bool:
-        return False
+        return truth
     return 1 if not tensor.is_floating_point() and not tensor.is_complex() else 1.0
 
 
@@ -135,10 +137,10 @@ def run_on_meta(func: Any, args: Any, kwargs: dict[str, Any], known: KnownValues
     """Run ``func`` on meta tensors, with stand-in answers where the answer needs values."""
     if func is _aten._local_scalar_dense.default:
         values = known.get(args[0])
-        return values.item() if values is not None else _item_stand_in(args[0])
+        return values.item() if values is not None else _item_stand_in(args[0], known.truth)
     if func is _aten.is_nonzero.default:
         values = known.get(args[0])
-        return bool(values.item()) if values is not None else False
+        return bool(values.item()) if values is not None else known.truth
     if func is _aten.nonzero.default:
         return known.nonzero(args[0])
     if func in (_aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.default, _aten.index_put_.default):

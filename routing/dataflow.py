@@ -160,13 +160,13 @@ def _name(func: Any) -> str:
 class _Observer(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Propagates :class:`_Flow` through every op of the forward and fills the :class:`ParamUse` records."""
 
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], *, truth: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.shapes = [tuple(param.shape) for param in params]
         self.uses = [ParamUse() for _ in params]
         self.flows: dict[int, tuple[_Flow, torch.Tensor]] = {}
         self.roots: dict[int, torch.Tensor] = {}  # a view's base, so an in-place write reaches it
-        self.known = KnownValues()
+        self.known = KnownValues(truth=truth)
 
     # ---- bookkeeping ------------------------------------------------------------------------
 
@@ -504,6 +504,7 @@ def observe(
     kwargs: Mapping[str, Any],
     *,
     call: Callable[..., Any] | None = None,
+    truth: bool = False,
 ) -> dict[int, ParamUse]:
     """What one forward of ``module`` on ``(args, kwargs)`` does with each parameter, by ``id(param)``.
 
@@ -515,13 +516,14 @@ def observe(
         module: The module to run.
         args, kwargs: Its inputs (tensors on any device: only their shapes and dtypes are used).
         call: Calls the module (default ``module(*args, **kwargs)``), e.g. to run a wrapper's inner module.
+        truth: The stand-in answer of a condition on values the meta device does not have.
 
     Raises:
         TraceError: The forward raised (the message says what), or used no parameter.
     """
     named = _unique_params(module)
     params = [param for _, param in named]
-    observer = _Observer(params)
+    observer = _Observer(params, truth=truth)
     stand_ins: dict[str, torch.Tensor] = {}
     for key, (name, param) in enumerate(named):
         stand_in = torch.empty(tuple(param.shape), dtype=param.dtype, device="meta")

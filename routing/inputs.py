@@ -300,10 +300,11 @@ def trace_uses(module: nn.Module, example: ExampleInputs | None = None) -> tuple
     failures: list[str] = []
     for args, kwargs in candidates:
         for target in dict.fromkeys([runnable, model]):
-            try:
-                return observe(target, args, kwargs), f"{origin}: {_shapes(args, kwargs)}"
-            except TraceError as error:
-                failures.append(str(error))
+            for truth in (False, True):  # a condition on values meta tensors lack: false, else true
+                try:
+                    return observe(target, args, kwargs, truth=truth), f"{origin}: {_shapes(args, kwargs)}"
+                except TraceError as error:
+                    failures.append(str(error))
     return None, f"its forward failed on {origin} ({_shapes(*candidates[0])}): {failures[0]}"
 
 
