@@ -247,18 +247,33 @@ def example_inputs(module: nn.Module) -> list[tuple[tuple[Any, ...], dict[str, A
 
     Example:
         >>> [tuple(args[0].shape) for args, _ in example_inputs(nn.Sequential(nn.Linear(3, 4), nn.ReLU()))]
-        [(1, 16, 3), (1, 3)]
+        [(1, 16, 3), (1, 3), (2, 16, 3), (2, 3)]
     """
     model = _unwrap_model(module)
     if getattr(model, "config", None) is not None and hasattr(model, "main_input_name"):
-        return _hf_inputs(model)
-    required = _required_positional(model)
-    if required == 0:
-        return [((), {})]
-    if required != 1:
-        return f"{type(model).__name__}.forward takes {required if required is not None else 'unknown'} positional inputs"
-    candidates = list(_plain_inputs(model))
-    return candidates or f"{type(model).__name__} has no first layer (Embedding, Linear, Conv, RNN) to shape an input for"
+        made = _hf_inputs(model)
+    else:
+        required = _required_positional(model)
+        if required == 0:
+            return [((), {})]
+        if required != 1:
+            return f"{type(model).__name__}.forward takes {required if required is not None else 'unknown'} positional inputs"
+        made = list(_plain_inputs(model)) or (
+            f"{type(model).__name__} has no first layer (Embedding, Linear, Conv, RNN) to shape an input for"
+        )  # fmt: skip
+    if isinstance(made, str):
+        return made
+    # A batch of two, tried last: a BatchNorm in training mode refuses one value per channel.
+    return made + [_batch_of_two(args, kwargs) for args, kwargs in made]
+
+
+def _batch_of_two(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def doubled(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == BATCH:
+            return value.new_zeros((2 * BATCH, *value.shape[1:]))
+        return value
+
+    return tuple(doubled(a) for a in args), {k: doubled(v) for k, v in kwargs.items()}
 
 
 def _as_call(example: ExampleInputs) -> tuple[tuple[Any, ...], dict[str, Any]]:
