@@ -62,7 +62,7 @@ def _unwrap_model(module: nn.Module) -> nn.Module:
         module = _unwrap_runnable(module)
         base = getattr(module, "get_base_model", None)
         inner = getattr(module, "module", None)
-        if callable(base) and not hasattr(module, "main_input_name"):
+        if callable(base):  # PEFT forwards attributes to the base model: its signature is (*args, **kwargs)
             try:
                 candidate = base()
             except Exception:  # not PEFT's: a method of another meaning

@@ -198,6 +198,20 @@ def test_gpt2s_conv1d_is_stepped_as_the_linear_its_forward_computes(mode: str) -
     torch.testing.assert_close(c_fc.detach().T, linear.detach(), atol=1e-5, rtol=1e-5)
 
 
+def test_a_peft_wrapped_model_is_traced_through_its_wrapper() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(build_hf_model("LlamaConfig"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    roles = infer_roles(model)
+    trainable = {n: roles[id(p)] for n, p in model.named_parameters() if p.requires_grad}
+    assert len(trainable) == 8  # lora_A and lora_B of q_proj and v_proj, two layers
+    # peft's Linear: base(x) + lora_B(lora_A(dropout(x))) * scaling: both are matmul weights
+    assert {r.describe() for r in trainable.values()} == {"matrix (forward: mm weight)"}
+    optimizer = get_optimizer(MUON, model)
+    assert [(g["optimizer"], len(g["params"])) for g in optimizer.param_groups] == [("muon", 8)]
+
+
 # ---- building from specs ---------------------------------------------------------------------
 
 
