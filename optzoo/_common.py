@@ -53,7 +53,7 @@ Role = Literal[
 an input table (read by index, or put into the activations), the output head, a bias, a norm's
 scale or shift, an elementwise parameter (a gain or scale of any shape, an SSM parameter), a stack
 of per-expert matrices, an MoE router, a conv filter, an input layer (a matmul or conv on the raw
-model input), and, when nothing more is known, a matrix (2-D and up) or a vector (1-D and 0-D).
+model input), and, when nothing more is known, a matrix (2-D and up) or a vector (1-D).
 Routing and the optimizers' registry records share this vocabulary, so it lives in the bottom layer."""
 ROLES: tuple[Role, ...] = get_args(Role)
 SCALAR_ROLES: frozenset[Role] = frozenset({"embedding", "output", "bias", "norm", "elementwise", "vector"})

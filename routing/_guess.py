@@ -56,9 +56,10 @@ class Found:
             self.sources.append(source)
 
     def add_shape_default(self, param: torch.Tensor) -> None:
-        """``matrix`` (2-D and up) or ``vector`` (0-D, 1-D) when nothing else was found."""
+        """``matrix`` (2-D and up), ``vector`` (1-D) or ``elementwise`` (0-D: a scalar can only scale
+        or shift, such as a logit scale) when nothing else was found."""
         if not self.roles:
-            self.add("matrix" if param.dim() >= 2 else "vector", f"{param.dim()}-D")
+            self.add("matrix" if param.dim() >= 2 else "vector" if param.dim() == 1 else "elementwise", f"{param.dim()}-D")
 
 
 def by_name(found: Found, name: str) -> None:

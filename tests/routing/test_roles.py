@@ -206,7 +206,7 @@ def test_a_lone_parameter_has_the_roles_its_tags_name_and_shape_give() -> None:
     expert.allreduce = False  # type: ignore[attr-defined]
     assert param_roles(expert, "layers.0.mlp.experts.weight").describe() == "expert (tag allreduce=False)"
     assert param_roles(torch.zeros(3), "x.scale").describe() == "vector (1-D)"
-    assert param_roles(torch.zeros(()), "x.temperature").describe() == "vector (0-D)"
+    assert param_roles(torch.zeros(()), "x.temperature").describe() == "elementwise (0-D)"  # a scalar can only scale
 
 
 def test_param_key_matches_roles_from_the_model_or_from_the_param_alone() -> None:
