@@ -132,6 +132,30 @@ def _audio_values(config: Any) -> torch.Tensor:
     return torch.empty(BATCH, 16000)  # one second of 16 kHz audio
 
 
+def _video(config: Any) -> torch.Tensor | None:
+    """``(batch, frames, channels, height, width)`` for a video model (its config has ``num_frames``)."""
+    frames = _config_value(config, "num_frames")
+    if not isinstance(frames, int):
+        return None
+    image = _image(config)
+    return torch.empty(BATCH, frames, *image.shape[1:])
+
+
+def _video_channels_first(config: Any) -> torch.Tensor | None:
+    video = _video(config)
+    return None if video is None else video.transpose(1, 2)
+
+
+def _audio_channels(config: Any) -> torch.Tensor:
+    """``(batch, channels, samples)``: a codec's waveform (EnCodec, Mimi)."""
+    channels = _config_value(config, "audio_channels", "num_channels") or 1
+    return torch.empty(BATCH, int(channels), 16000)
+
+
+_ALTERNATIVES = {"pixel_values": (_video, _video_channels_first), "input_values": (_audio_channels,)}
+"""Other shapes a main input may take, tried when the first fails."""
+
+
 def _ids(config: Any) -> torch.Tensor:
     return torch.zeros(BATCH, SEQUENCE, dtype=torch.long)
 
@@ -173,6 +197,7 @@ def _hf_inputs(model: nn.Module) -> list[tuple[tuple[Any, ...], dict[str, Any]]]
             guesses.append(_image)
         if guesses:
             makers[main] = guesses.pop(0)
+    guesses += list(_ALTERNATIVES.get(main, ()))
     kwargs: dict[str, Any] = {}
     optional: list[str] = []
     for name in dict.fromkeys([main, *parameters]):
@@ -190,7 +215,8 @@ def _hf_inputs(model: nn.Module) -> list[tuple[tuple[Any, ...], dict[str, Any]]]
     candidates = [((), kwargs)]
     if optional:
         candidates.append(((), {k: v for k, v in kwargs.items() if k not in optional}))
-    candidates += [((), {**kwargs, main: guess(config)}) for guess in guesses]
+    made = [guess(config) for guess in guesses]
+    candidates += [((), {**kwargs, main: value}) for value in made if value is not None]
     return candidates
 
 
