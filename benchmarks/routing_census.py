@@ -1,18 +1,20 @@
 """A census of roles and routing over every model class ``transformers`` ships.
 
-Run: ``.venv/bin/python -m benchmarks.routing_census [--workers 2] [--json census.json]`` (about
-10 minutes on 2 cores), or ``--match Bert`` / ``--limit 50`` for a part. Each class is built tiny
-on the meta device (``optzoo.hf.build_hf_model``: the first of ever less tiny configs whose
-forward runs), untagged, as a new user would build it, and routed with
-``OptimizerConfig(optimizer="muon")`` and the standard overrides. For each it records:
+Run: ``.venv/bin/python -m benchmarks.routing_census [--workers 2] [--json census.json]``, or
+``--match Bert`` / ``--limit 50`` for a part. Each class is built tiny on the meta device
+(``optzoo.hf.build_hf_model``: the first of ever less tiny configs whose forward runs), untagged,
+as a new user would build it, and routed with ``OptimizerConfig(optimizer="muon")`` and the
+standard overrides. For each it records:
 
 * its status: ``not built`` (transformers could not build it: a missing extra such as ``timm``,
-  a config that needs a value); ``traced`` (every parameter's roles come from the forward);
-  ``partly traced`` (the forward ran but did not reach some parameters, say a vision tower whose
-  image tokens the made input lacks: theirs are guessed); ``fell back`` (the forward could not
-  run: every role guessed, with the reason); ``crashed`` (optzoo's routing raised: a bug);
-* how many parameters hold each role, and how many go to Muon and to the scalar optimizer;
-* the linter's findings under this default routing: every one is a false alarm.
+  a config that needs a value, over the time limit); ``traced`` (every parameter's roles come
+  from the forward); ``partly traced`` (the forward ran but did not reach some parameters, say a
+  vision tower whose image input could not be made: theirs are guessed); ``fell back`` (the
+  forward could not run: every role guessed, with ``trace_uses``'s reason); ``crashed`` (optzoo
+  raised, hung or killed its process: a bug, kept with its traceback);
+* how many trainable parameters hold each role, and how many go to Muon and to the scalar optimizer;
+* the linter's findings under this default routing: every one is a false alarm;
+* the seconds it took to build and to route.
 
 ``MODELS`` names a handful of models for the tests that step each of them.
 """
@@ -21,15 +23,21 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib
+import itertools
 import json
 import logging
+import multiprocessing
+import re
 import signal
-import subprocess
-import sys
 import time
+import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 import torch
@@ -37,8 +45,16 @@ from tabulate import tabulate
 from torch import nn
 
 TIME_LIMIT_S = 60
-"""Seconds one model may take to build and route (some configs build hundreds of layers)."""
+"""Seconds one model may take to build, and again to route (some configs build hundreds of layers)."""
+HANG_S = 2 * TIME_LIMIT_S
+"""Seconds a worker may stay silent in one phase before it is killed: the alarm cannot interrupt C code."""
+PER_PROCESS = 100
+"""Models per worker process before a fresh one takes over: each model imports its modeling module,
+and a process that has imported hundreds of them holds gigabytes."""
 MUON = {"optimizer": "muon", "lr": 1e-3, "weight_decay": 0.1}
+STATUSES = ("traced", "partly traced", "fell back", "not built", "crashed")
+REASON_CHARS = 80
+"""Reasons are counted together when their first this many characters agree (numbers aside)."""
 
 
 def _hf(name: str) -> Callable[[], nn.Module]:
@@ -116,162 +132,305 @@ def model_classes() -> list[str]:
     return sorted(name for name in names if hasattr(transformers, name))
 
 
-class _TimeUp(Exception):
-    pass
+# --- one model --------------------------------------------------------------------------------
 
 
-def _alarm(*_: object) -> None:
+class _TimeUp(BaseException):
+    """The alarm. A BaseException, so that the ``except Exception`` around a traced forward (a
+    failed forward is an answer there) cannot swallow it and run on without a limit."""
+
+
+def _alarm(signum: int, frame: FrameType | None) -> None:
     raise _TimeUp
 
 
-def census_one(name: str) -> dict[str, Any]:
-    """One class's row (see the module docstring)."""
-    from optzoo import OptimizerConfig, lint_routing, resolve_group_configs
-    from optzoo.hf import build_hf_model
-
-    row: dict[str, Any] = {"model": name, "status": "", "reason": "", "roles": {}, "muon": 0, "scalar": 0, "lint": []}
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(TIME_LIMIT_S)
-    start = time.perf_counter()
+@contextlib.contextmanager
+def _time_limit(seconds: int) -> Iterator[None]:
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
     try:
-        try:
-            with torch.device("meta"):
-                model = build_hf_model(name)
-        except (_TimeUp, Exception) as error:  # transformers' own failure: not optzoo's
-            row.update(status="not built", reason=_line(error))
-            return row
-        row["build_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        try:
-            groups, routing = resolve_group_configs(OptimizerConfig(**MUON), model)
-            findings = lint_routing(groups, routing)
-        except _TimeUp as error:
-            row.update(status="crashed", reason=f"over {TIME_LIMIT_S} s: {_line(error)}")
-            return row
-        except Exception as error:  # optzoo's routing raised: a bug to report
-            row.update(status="crashed", reason=_line(error))
-            return row
-        row["route_s"] = time.perf_counter() - start
+        yield
     finally:
         signal.alarm(0)
-    routed = [r for g in groups for r in g.params]
-    guessed = sum(r.roles.guessed for r in routed)
-    row["status"] = "traced" if not guessed else "fell back" if guessed == len(routed) else "partly traced"
-    if guessed:
-        from optzoo.routing import trace_uses
+        signal.signal(signal.SIGALRM, previous)
 
-        if guessed == len(routed):
-            row["reason"] = trace_uses(model)[1]
-        else:  # where the forward did not go: the module most of the unreached params sit in
-            where = collections.Counter(".".join(r.name.split(".")[:2]) for r in routed if r.roles.guessed).most_common(1)[0][0]
-            row["reason"] = f"not reached: {where}.* ({guessed} of {len(routed)} params)"
-    row["roles"] = dict(collections.Counter(role for r in routed for role in r.roles.roles))
-    row["muon"] = sum(len(g.params) for g in groups if g.optimizer == "muon")
-    row["scalar"] = len(routed) - row["muon"]
-    row["lint"] = [{"kind": f.kind, "params": list(f.params)[:3], "message": f.message[:300]} for f in findings]
-    return row
+
+def _routing_dir() -> Path:
+    return Path(importlib.import_module("optzoo.routing").__file__ or "").resolve().parent
+
+
+def _raised_in_routing(error: BaseException) -> bool:
+    """Whether ``error`` came out of optzoo's routing package (``trace_uses`` promises ``None`` instead)."""
+    routing = _routing_dir()
+    return any(Path(frame.f_code.co_filename).resolve().is_relative_to(routing) for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def _where(tb: TracebackType | None) -> str:
+    """The innermost frame of a traceback, ``file:line in function``, to say where a time limit struck."""
+    frames = traceback.extract_tb(tb)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
 
 
 def _line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
 
 
-def _quiet() -> None:
-    warnings.simplefilter("ignore")
-    logging.disable(logging.CRITICAL)
+def census_one(name: str, progress: Callable[[str], None] = lambda phase: None) -> dict[str, Any]:
+    """One class's row (see the module docstring); ``progress`` hears ``"build"`` and ``"route"`` as each begins."""
+    from optzoo import OptimizerConfig, lint_routing, resolve_group_configs
+    from optzoo.hf import build_hf_model
+    from optzoo.routing import trace_uses
+
+    row: dict[str, Any] = {"model": name, "status": "", "reason": "", "roles": {}, "params": 0, "guessed": 0,
+                           "muon": 0, "scalar": 0, "lint": [], "build_s": 0.0, "route_s": 0.0}  # fmt: skip
+    progress("build")
+    start = time.perf_counter()
     try:
-        importlib.import_module("transformers").logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover - transformers is in the test extra
-        pass
+        with _time_limit(TIME_LIMIT_S), torch.device("meta"):
+            model = build_hf_model(name)
+    except _TimeUp as error:
+        row.update(status="not built", reason=f"over {TIME_LIMIT_S} s building (at {_where(error.__traceback__)})")
+        return row
+    except Exception as error:
+        if _raised_in_routing(error):  # the builder's trial forward: routing code that should not raise
+            row.update(status="crashed", reason=f"while building: {_line(error)}", traceback=traceback.format_exc())
+        else:  # transformers' own failure (or a config it refuses): not optzoo's
+            row.update(status="not built", reason=_line(error))
+        return row
+    finally:
+        row["build_s"] = round(time.perf_counter() - start, 3)
+    progress("route")
+    start = time.perf_counter()
+    try:
+        with _time_limit(TIME_LIMIT_S):
+            groups, routing = resolve_group_configs(OptimizerConfig(**MUON), model)
+            findings = lint_routing(groups, routing)
+            routed = [r for g in groups for r in g.params]
+            unreached = [r.name for r in routed if r.roles.guessed]
+            fell_back = bool(routed) and len(unreached) == len(routed)
+            why = trace_uses(model)[1] if fell_back else ""  # a second forward, only where the first failed
+    except _TimeUp as error:
+        row.update(status="crashed", reason=f"routing took over {TIME_LIMIT_S} s (at {_where(error.__traceback__)})",
+                   traceback="".join(traceback.format_tb(error.__traceback__)))  # fmt: skip
+        return row
+    except Exception as error:  # optzoo's routing raised on a model that builds: a bug to report
+        row.update(status="crashed", reason=_line(error), traceback=traceback.format_exc())
+        return row
+    finally:
+        row["route_s"] = round(time.perf_counter() - start, 3)
+    row.update(
+        status="fell back" if fell_back else "partly traced" if unreached else "traced",
+        reason=why or _unreached([r.name for r in routed], unreached),
+        roles=dict(sorted(collections.Counter(role for r in routed for role in r.roles.roles).items())),
+        params=len(routed),
+        guessed=len(unreached),
+        muon=sum(len(g.params) for g in groups if g.optimizer == "muon"),
+        lint=[{"kind": f.kind, "params": list(f.params)[:5], "message": f.message[:500]} for f in findings],
+    )
+    row["scalar"] = len(routed) - row["muon"]
+    if unreached and not fell_back:
+        row["unreached"] = unreached[:20]
+    return row
+
+
+def _unreached(names: Sequence[str], unreached: Sequence[str]) -> str:
+    """Where the forward did not go: the widest module none of whose params it reached, the one
+    holding the most unreached params (layer numbers as N, so a layer's siblings count together)."""
+    if not unreached:
+        return ""
+    total, missed = collections.Counter[str](), collections.Counter[str]()
+    for counter, of in ((total, names), (missed, unreached)):
+        for name in of:
+            parts = name.split(".")
+            counter.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
+    roots = collections.Counter[str]()
+    for name in unreached:
+        parts = name.split(".")
+        root = next(p for p in (".".join(parts[:k]) for k in range(1, len(parts) + 1)) if total[p] == missed[p])
+        roots[re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "N", root)] += 1
+    where, most = roots.most_common(1)[0]
+    elsewhere = f"; {len(unreached) - most} elsewhere" if most < len(unreached) else ""
+    return f"not reached: {where} ({most} of {len(names)} params{elsewhere})"
+
+
+# --- many models ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No Python warnings and no logging (transformers' included) inside, as before outside.
+
+    Guessed roles are counted as statuses, lint findings as rows: the warnings would only repeat them.
+    """
+    transformers = importlib.import_module("transformers")
+    verbosity, disabled = transformers.logging.get_verbosity(), logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.logging.set_verbosity_error()
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(disabled)
+            transformers.logging.set_verbosity(verbosity)
 
 
 def census(names: Sequence[str]) -> list[dict[str, Any]]:
-    """The rows of ``names``, in this process."""
-    _quiet()
-    return [census_one(name) for name in names]
+    """The rows of ``names``, in this process, in order."""
+    with _quiet():
+        return [census_one(name) for name in names]
 
 
-def _run_workers(names: Sequence[str], workers: int) -> list[dict[str, Any]]:
-    """``census`` over interleaved slices in ``workers`` subprocesses: one that dies loses its slice, not the run."""
-    slices = [list(names[k::workers]) for k in range(workers)]
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.routing_census", "--worker", json.dumps(part)], stdout=subprocess.PIPE, text=True
-        )
-        for part in slices
-    ]
+def _worker(names: list[str], conn: Connection) -> None:
+    """A subprocess's loop: ``("phase", name, phase)`` as each phase begins, ``("row", row)`` after each model."""
+    with _quiet():
+        for name in names:
+            conn.send(("row", census_one(name, lambda phase, name=name: conn.send(("phase", name, phase)))))
+    conn.close()
+
+
+def _lost(name: str, phase: str, why: str) -> dict[str, Any]:
+    """The row of a model whose process died or hung: a build that never returns is transformers', a route optzoo's."""
+    status = "not built" if phase == "build" else "crashed"
+    doing = {"build": "building", "route": "routing"}.get(phase, "starting")
+    return {"model": name, "status": status, "reason": f"{why} while {doing}",
+            "roles": {}, "params": 0, "guessed": 0, "muon": 0, "scalar": 0, "lint": [], "build_s": 0.0, "route_s": 0.0}  # fmt: skip
+
+
+def _run_workers(names: Sequence[str], workers: int, echo: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
+    """``census`` over interleaved slices in ``workers`` spawned subprocesses.
+
+    A process that dies (a segfault, an abort) or stays silent past :data:`HANG_S` loses only the
+    model it was on: that model gets a row saying so, and a fresh process takes the rest of its slice.
+    """
+    context = multiprocessing.get_context("spawn")  # no fork: torch's threads and transformers' locks
+    todo = [collections.deque(names[k::workers]) for k in range(workers)]
     rows: list[dict[str, Any]] = []
-    for part, process in zip(slices, processes):
-        out, _ = process.communicate()
-        done = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        rows += done
-        seen = {row["model"] for row in done}
-        rows += [{"model": n, "status": "crashed", "reason": f"worker exited {process.returncode}", "roles": {}, "lint": []}
-                 for n in part if n not in seen]  # fmt: skip
+    # Per live worker: its process, its queue of names, and (model, phase, since) of what it is on.
+    live: dict[Connection, tuple[Any, collections.deque[str], list[Any]]] = {}
+
+    def start(queue: collections.deque[str]) -> None:
+        batch = list(itertools.islice(queue, PER_PROCESS))  # names leave the queue as their rows come back
+        if not batch:
+            return
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_worker, args=(batch, send), daemon=True)
+        process.start()
+        send.close()  # the child holds the only writer: its exit is our EOF
+        live[receive] = (process, queue, [None, "", time.monotonic()])
+
+    def finish(conn: Connection, why: str | None) -> None:
+        process, queue, (model, phase, _) = live.pop(conn)
+        if why is not None:
+            process.kill()
+        process.join()
+        if why is None and process.exitcode != 0:
+            why = f"its process died (exit code {process.exitcode})"
+        if why is not None:  # before its first model, it is charged the next one: no endless restarts
+            rows.append(_lost(model or queue[0], phase or "start", why))
+            echo(f"{rows[-1]['model']}: {rows[-1]['status']}: {rows[-1]['reason']}")
+            queue.popleft()
+        start(queue)
+
+    for queue in todo:
+        start(queue)
+    while live:
+        for conn in wait(list(live), timeout=5):
+            try:
+                message = conn.recv()  # type: ignore[union-attr]
+            except EOFError:
+                finish(conn, None)  # type: ignore[arg-type]
+                continue
+            _, queue, now = live[conn]  # type: ignore[index]
+            if message[0] == "phase":
+                now[:] = [message[1], message[2], time.monotonic()]
+            else:
+                rows.append(message[1])
+                queue.popleft()
+                now[:] = [None, "", time.monotonic()]
+                echo(f"[{len(rows)}/{len(names)}] {message[1]['model']}: {message[1]['status']}")
+        for conn, (_, _, (model, _, since)) in list(live.items()):
+            if model is not None and time.monotonic() - since > HANG_S:
+                finish(conn, f"its process hung (no answer in {HANG_S} s; killed)")
     return sorted(rows, key=lambda row: row["model"])
 
 
-STATUSES = ("traced", "partly traced", "fell back", "not built", "crashed")
+# --- report -----------------------------------------------------------------------------------
 
 
-def summary(rows: Sequence[dict[str, Any]]) -> str:
-    """The totals, the role counts, the top reasons per status and every lint finding, as text."""
+def _reason_key(reason: str) -> str:
+    """A reason without its inputs' shapes and numbers, cut to :data:`REASON_CHARS`, so like failures count together."""
+    if reason.startswith("its forward failed on") and "): " in reason:
+        reason = "forward failed: " + reason.split("): ", 1)[1]  # the error itself, not the made inputs' shapes
+    elif reason.startswith("not reached: "):
+        reason = "not reached: " + reason.removeprefix("not reached: ").split(" (")[0].rsplit(".", 1)[-1]  # wherever it sits
+    return re.sub(r"\d+", "N", reason)[:REASON_CHARS]
+
+
+def summary(rows: Sequence[dict[str, Any]], top: int = 15) -> str:
+    """The totals, the params per role, the top reasons per status and every lint finding, as text."""
     count = collections.Counter(row["status"] for row in rows)
     built = len(rows) - count["not built"]
-    lines = [tabulate(
-        [[len(rows), built, *(count[s] for s in STATUSES if s != "not built"), count["not built"],
-          sum(len(row["lint"]) for row in rows)]],
-        headers=["classes", "built", "traced", "partly traced", "fell back", "crashed", "not built", "lint findings"],
-    )]  # fmt: skip
+    totals = [len(rows), built, count["traced"], count["partly traced"], count["fell back"], count["crashed"], count["not built"],
+              sum(len(row["lint"]) for row in rows)]  # fmt: skip
+    headers = ["classes", "built", "traced", "partly traced", "fell back", "crashed", "not built", "lint findings"]
+    lines = [tabulate([totals], headers=headers)]
     roles: collections.Counter[str] = collections.Counter()
+    holders: collections.Counter[str] = collections.Counter()
     for row in rows:
         roles.update(row["roles"])
-    lines += ["", "params per role (built models): " + ", ".join(f"{role} {n:,}" for role, n in sorted(roles.items()))]
-    for status in ("partly traced", "fell back", "not built", "crashed"):
-        reasons = collections.Counter(_reason_class(row["reason"]) for row in rows if row["status"] == status)
-        if reasons:
-            lines += ["", f"{status}: top reasons", tabulate(reasons.most_common(12), headers=["reason", "classes"])]
-    findings = [(row["model"], f["kind"], f["message"][:160]) for row in rows for f in row["lint"]]
+        holders.update(row["roles"].keys())
+    routed = [row for row in rows if row["params"]]
+    lines += ["", "roles of the routed (trainable) params, over the built models:",
+              tabulate([[role, n, holders[role]] for role, n in roles.most_common()], headers=["role", "params", "models"]),
+              "", tabulate([[sum(r["params"] for r in routed), sum(r["muon"] for r in routed), sum(r["scalar"] for r in routed),
+                             sum(r["guessed"] for r in routed)]], headers=["params routed", "on muon", "on scalar", "guessed"])]  # fmt: skip
+    for status in ("not built", "fell back", "partly traced", "crashed"):
+        of_status = [row for row in rows if row["status"] == status]
+        groups = collections.defaultdict(list)
+        for row in of_status:
+            groups[_reason_key(row["reason"])].append(row["model"])
+        if groups:
+            ranked = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+            table = [[len(models), key, models[0]] for key, models in ranked[:top]]
+            rest = sum(len(models) for _, models in ranked[top:])
+            lines += ["", f"{status} ({len(of_status)}): top reasons" + (f" ({rest} more classes in {len(ranked) - top} other reasons)" if rest else ""),
+                      tabulate(table, headers=["classes", f"reason (first {REASON_CHARS} chars, numbers as N)", "e.g."])]  # fmt: skip
+    findings = [[row["model"], f["kind"], ", ".join(f["params"][:2]), f["message"][:120]] for row in rows for f in row["lint"]]
     if findings:
-        lines += ["", "lint findings under the default routing (false alarms)", tabulate(findings, headers=["model", "kind", "message"])]
+        lines += ["", "lint findings under the default routing (false alarms)",
+                  tabulate(findings, headers=["model", "kind", "params", "message"])]  # fmt: skip
+    slowest = sorted((row for row in rows if row["build_s"] or row["route_s"]), key=lambda r: -(r["build_s"] + r["route_s"]))[:5]
+    lines += ["", "slowest: " + ", ".join(f"{r['model']} ({r['build_s']:.0f} s + {r['route_s']:.0f} s)" for r in slowest)]
     return "\n".join(lines)
-
-
-def _reason_class(reason: str) -> str:
-    """A reason without its counts and shapes, so that like failures count together."""
-    if reason.startswith("not reached: "):
-        return reason.split(" (")[0]
-    if "): " in reason and reason.startswith("its forward failed"):
-        reason = reason.split("): ", 1)[1]  # the error itself, without the inputs' shapes
-    return reason[:100]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--match", help="only classes whose name contains this")
     parser.add_argument("--limit", type=int, help="only the first N classes (sorted by name)")
-    parser.add_argument("--workers", type=int, default=1, help="subprocesses, each over an interleaved slice (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="subprocesses, each over an interleaved slice (default 1: in this process)")
     parser.add_argument("--json", metavar="PATH", help="write every row here")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a JSON list of names: print one JSON row per line
+    parser.add_argument("--progress", action="store_true", help="print a line per model as it is done (with --workers > 1)")
     args = parser.parse_args(argv)
-    if args.worker is not None:
-        _quiet()
-        for name in json.loads(args.worker):
-            print(json.dumps(census_one(name)), flush=True)
-        return
     names = model_classes()
     if args.match:
         names = [n for n in names if args.match in n]
     names = names[: args.limit] if args.limit else names
     start = time.perf_counter()
-    rows = _run_workers(names, args.workers) if args.workers > 1 else census(names)
-    print(f"transformers {importlib.import_module('transformers').__version__}, torch {torch.__version__}, "
-          f"{len(names)} classes in {time.perf_counter() - start:.0f} s")  # fmt: skip
+    if args.workers > 1:
+        rows = _run_workers(names, args.workers, (lambda line: print(line, flush=True)) if args.progress else lambda line: None)
+    else:
+        rows = census(names)
+    print(f"transformers {importlib.import_module('transformers').__version__}, torch {torch.__version__}: "
+          f"{len(names)} classes in {time.perf_counter() - start:.0f} s on {args.workers} worker(s)\n")  # fmt: skip
     print(summary(rows))
+    crashed = [row for row in rows if row["status"] == "crashed"]
+    for row in crashed:  # each is an optzoo bug: its traceback, whole
+        print(f"\n--- crashed: {row['model']}: {row['reason']}\n{row.get('traceback', '(no traceback: the process died)')}")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
