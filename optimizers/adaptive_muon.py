@@ -127,7 +127,9 @@ class AdaptiveMuon(Muon):
           factor apply to the whole param (its shape), as upstream does for any param;
         * N-D params (upstream: 2-D only) get the second moment of each of their matrices (see the
           module docstring) and the scale factor of the matrices' shape, so a stack of experts
-          steps exactly as its experts would as 2-D params.
+          steps as its experts would as 2-D params: bit for bit for ``[E, out, in]`` stacks, to
+          float32 rounding for other views (NorMuon's and NAMO's reductions read a block in
+          storage order, not the 2-D param's).
 
     Args:
         params: params of 2 or more dims, or param groups; a group may set any argument below
