@@ -180,7 +180,7 @@ _LAYER_COUNTS = ("num_hidden_layers", "num_layers", "encoder_layers", "decoder_l
 """Depth fields a config may have; the second, gentler tier of :func:`_tiny_configs` sets only these (to 2)."""
 
 
-def _tiny_configs(config_class: Any, base: type) -> Iterator[Any]:
+def _tiny_configs(config_class: Any, base: type, spec: str | None = None) -> Iterator[Any]:
     """``config_class`` built ever less tiny: :data:`TINY_SHAPE` where it takes it (then without its
     grouped-query sizes), then only its depth at 2, then its defaults; its sub-configs (a vision
     tower, a text model) the same way.
@@ -188,11 +188,20 @@ def _tiny_configs(config_class: Any, base: type) -> Iterator[Any]:
     A class's own checks (sizes that must divide) or its model's (Whisper's decoder keeps 6 heads
     when ``num_attention_heads`` maps to the encoder's) refuse some tiny sizes: the caller takes
     the first config that builds what it needs.
+
+    Raises:
+        ValueError: ``config_class`` refuses its own defaults (given ``spec``, which the message
+            names; a sub-config that does is left at its parent's default instead).
     """
     try:
         defaults = config_class()
-    except Exception:
-        return
+    except Exception as error:
+        if spec is None:
+            return
+        raise ValueError(
+            f"`hf:{spec}`: {config_class.__name__} does not build from its own defaults, so optzoo has no config to "
+            f"shrink; got {type(error).__name__}: {' '.join(str(error).split())}"
+        ) from error
     sub_classes = {
         name: type(_read(defaults, name))
         for name in (getattr(config_class, "sub_configs", None) or {})
@@ -262,7 +271,7 @@ def load_hf_config(spec: str) -> Any:
             f"`hf:{spec}`: not a transformers config or model class; got {spec!r}; expected a class name such as "
             "LlamaConfig, GPT2Config or BertForQuestionAnswering, or a path to a config.json"
         )
-    return next(_tiny_configs(config_class, base))
+    return next(_tiny_configs(config_class, base, spec))
 
 
 def _causal_lm(spec: str, config: Any) -> nn.Module:
@@ -307,10 +316,17 @@ def _first_config_that_runs(spec: str, model_class: Any, configs: Iterator[Any])
 
 
 def _model_class(spec: str, transformers: ModuleType) -> Any:
-    """The ``transformers`` model class named ``spec`` (``BertForQuestionAnswering``), or ``None``."""
+    """The ``transformers`` model class named ``spec`` (``BertForQuestionAnswering``), or ``None``.
+
+    Raises:
+        ImportError: ``transformers`` exports only a placeholder for the class: it needs a library
+            that is not installed (transformers' message names it).
+    """
     if not spec.isidentifier():
         return None
     cls = getattr(transformers, spec, None)
+    if isinstance(cls, type) and getattr(cls, "is_dummy", False):  # transformers' placeholder for a missing library
+        transformers.utils.requires_backends(cls, getattr(cls, "_backends"))  # raises the ImportError naming it
     base = getattr(transformers, "PreTrainedModel", None)
     return cls if isinstance(cls, type) and base is not None and issubclass(cls, base) else None
 
@@ -350,7 +366,7 @@ def build_hf_model(spec: str) -> nn.Module:
     else:
         base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
         config_class = model_class.config_class if model_class is not None else load_hf_config(spec).__class__
-        config = _first_config_that_runs(spec, model_class, _tiny_configs(config_class, base))
+        config = _first_config_that_runs(spec, model_class, _tiny_configs(config_class, base, spec))
         model = model_class(config) if model_class is not None else _causal_lm(spec, config)
     if not isinstance(model, nn.Module):  # pragma: no cover - transformers always returns modules
         raise TypeError(f"`hf:{spec}`: the model class returned {type(model).__name__}; expected a torch.nn.Module")

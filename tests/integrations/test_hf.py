@@ -250,6 +250,39 @@ def test_bad_hf_specs_raise_naming_the_spec(spec: str, error: type[Exception], m
         build_model(spec)
 
 
+def test_a_config_class_refusing_its_own_defaults_is_named_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    transformers = sys.modules["transformers"]  # AutoModel*.from_config can put a fresh module there
+    class RefusingConfig(transformers.PretrainedConfig):  # as Gemma4AssistantConfig in transformers 5.24
+        def __init__(self, **kwargs: Any) -> None:
+            raise ValueError("hidden_size_per_layer_input must be 0, got 256")
+
+    monkeypatch.setattr(transformers, "RefusingConfig", RefusingConfig, raising=False)
+    message = (
+        r"^`hf:RefusingConfig`: RefusingConfig does not build from its own defaults, so optzoo has no config to shrink; "
+        r"got ValueError: hidden_size_per_layer_input must be 0, got 256$"
+    )
+    with pytest.raises(ValueError, match=message):
+        build_model("hf:RefusingConfig")
+
+
+def test_a_placeholder_for_a_missing_library_names_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from transformers.utils.import_utils import DummyObject
+
+    transformers = sys.modules["transformers"]  # AutoModel*.from_config can put a fresh module there
+
+    if importlib.util.find_spec("detectron2") is not None:
+        pytest.skip("detectron2 is installed: transformers exports the real class")
+
+    class NeedsDetectron2Model(metaclass=DummyObject):  # what transformers exports when a class's library is missing
+        _backends = ["detectron2"]
+
+    monkeypatch.setattr(transformers, "NeedsDetectron2Model", NeedsDetectron2Model, raising=False)
+    with pytest.raises(ImportError, match=r"^\s*NeedsDetectron2Model requires the detectron2 library but it was not found"):
+        build_model("hf:NeedsDetectron2Model")
+
+
 def test_config_json_without_model_type_raises(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ValueError, match=r"config.json has no model_type; got None"):
