@@ -1,4 +1,5 @@
-"""A torch optimizer base: groups validated as they are added, and the closure handled once."""
+"""Torch optimizer bases: settings that survive a copy, groups validated as they are added, and the
+closure handled once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,35 @@ from typing import Any, overload, override
 import torch
 
 
-class CheckedGroupsOptimizer(torch.optim.Optimizer):
+_HOOK_DICTS = frozenset(
+    {
+        "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+        "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks",
+    }
+)  # fmt: skip
+
+
+class KeepsSettingsOptimizer(torch.optim.Optimizer):
+    """An optimizer whose settings live on the instance, and survive ``copy.deepcopy`` and pickle.
+
+    torch's ``__getstate__`` keeps only ``defaults``, ``state`` and ``param_groups``, so a copy of
+    an optimizer holding anything else cannot step. This keeps every attribute but the hooks
+    (which torch drops too: they are often lambdas). torch's ``load_state_dict`` also calls
+    ``__setstate__``, with only ``state`` and ``param_groups``: the rest is then left as it is.
+    """
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key not in _HOOK_DICTS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        defaults = state.get("defaults", getattr(self, "defaults", None))
+        kept = dict(defaults) if defaults is not None else None
+        super().__setstate__(state)
+        if kept is not None:  # torch adds ``differentiable`` to the defaults, which our groups never read
+            self.defaults = kept
+
+
+class CheckedGroupsOptimizer(KeepsSettingsOptimizer):
     """``add_param_group`` runs ``_check_group`` on the completed group (a bad group is not
     kept); ``step`` evaluates the closure with gradients on, then runs ``_update`` without.
 
@@ -48,3 +77,28 @@ class CheckedGroupsOptimizer(torch.optim.Optimizer):
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         """Override point: raise ``ValueError``/``TypeError`` naming the group and the setting."""
+
+
+def check_lr(group: dict[str, Any], where: str) -> None:
+    """``lr`` is a number >= 0, or a one-element tensor holding one (torch's contract: a tensor
+    ``lr`` is accepted if it has one element, and read as a number at each step)."""
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError(
+                f"{where}: `lr`: a tensor lr must have one element; got a tensor of shape {tuple(lr.shape)}; "
+                "expected a float or a one-element tensor"
+            )
+        if lr.is_complex() or not bool(lr >= 0):
+            raise ValueError(f"{where}: `lr`: must be non-negative; got {lr!r}; expected lr >= 0")
+        return
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+        raise TypeError(f"{where}: `lr`: must be a number; got {type(lr).__name__} {lr!r}; expected a float >= 0 or a one-element tensor")
+    if not lr >= 0:
+        raise ValueError(f"{where}: `lr`: must be non-negative; got {lr!r}; expected lr >= 0")
+
+
+def lr_value(group: dict[str, Any]) -> float:
+    """The group's ``lr`` as a Python float (a one-element tensor lr is read here, once per step)."""
+    lr = group["lr"]
+    return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)

@@ -7,13 +7,18 @@ so keeping the imports in one place makes an upgrade one file's work. Imports ar
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
+from ._checked import KeepsSettingsOptimizer
+from .newton_schulz import preserved_matmul_precision
+
 _MISSING = (
-    "emerging-optimizers==0.3.0 is required for this optimizer; "
-    "install optzoo with its dependencies (`pip install optzoo`) or `pip install emerging-optimizers==0.3.0`"
+    "the module `emerging_optimizers` (package emerging-optimizers==0.3.0) is required for this optimizer "
+    "and could not be imported; install optzoo with its dependencies (`pip install optzoo`) or "
+    "`pip install emerging-optimizers==0.3.0`"
 )
 
 
@@ -37,15 +42,40 @@ def soap(param_groups: list[dict[str, Any]], *, use_kl_shampoo: bool) -> torch.o
     instance-level ``use_kl_shampoo`` is its own argument (upstream keeps it on the instance).
     Upstream 0.3.0 refreshes its preconditioner every step and takes 2-D params only.
     """
+    first = param_groups[0]
+    optimizer: torch.optim.Optimizer = _soap_class()(
+        param_groups, lr=first["lr"], weight_decay_method="decoupled", use_kl_shampoo=use_kl_shampoo
+    )
+    return optimizer
+
+
+@functools.cache
+def _soap_class() -> type[torch.optim.Optimizer]:
+    """Upstream's SOAP, made to keep torch's contract: its step runs inside
+    :func:`preserved_matmul_precision` (upstream sets torch's float32 matmul precision and restores
+    it in a way that changes the per-backend flags), and a copy or pickle keeps its instance
+    settings (:class:`KeepsSettingsOptimizer`)."""
     try:
         from emerging_optimizers.soap.soap import SOAP
     except ImportError as error:  # pragma: no cover
         raise ImportError(_MISSING) from error
-    first = param_groups[0]
-    optimizer: torch.optim.Optimizer = SOAP(
-        param_groups, lr=first["lr"], weight_decay_method="decoupled", use_kl_shampoo=use_kl_shampoo
-    )
-    return optimizer
+
+    class ContractSOAP(KeepsSettingsOptimizer, SOAP):  # type: ignore[misc]  # untyped upstream
+        __doc__ = SOAP.__doc__
+
+        def step(self, closure: Any = None) -> Any:
+            with preserved_matmul_precision():
+                return super().step(closure)
+
+    ContractSOAP.__name__ = ContractSOAP.__qualname__ = "SOAP"  # pickle finds it through __getattr__
+    ContractSOAP.__module__ = __name__
+    return ContractSOAP
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SOAP":  # built on first use: upstream is imported lazily
+        return _soap_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def newton_schulz_coefficient_types() -> tuple[str, ...]:

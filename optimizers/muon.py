@@ -60,7 +60,7 @@ from torch.optim.optimizer import ParamsT, StateDict
 
 from .._common import INTERNAL_FILES, MatrixView, check_choice, check_flag, describe_param
 from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  # re-exported: callers import them from here
-from ._checked import CheckedGroupsOptimizer
+from ._checked import CheckedGroupsOptimizer, check_lr, lr_value
 from .muon_ops import (  # re-exported: callers import them from here
     ScaleMode as ScaleMode,
     as_matrices as as_matrices,
@@ -344,9 +344,9 @@ class Muon(CheckedGroupsOptimizer):
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         """Override point: validate a completed group (settings, then each param)."""
         where = f"param group #{index}"
-        for key in ("lr", "weight_decay"):
-            if not group[key] >= 0:
-                raise ValueError(f"{where}: `{key}`: must be non-negative; got {group[key]!r}; expected {key} >= 0")
+        check_lr(group, where)
+        if not group["weight_decay"] >= 0:
+            raise ValueError(f"{where}: `weight_decay`: must be non-negative; got {group['weight_decay']!r}; expected weight_decay >= 0")
         if not 0 <= group["momentum"] < 1:
             raise ValueError(f"{where}: `momentum`: must lie in [0, 1); got {group['momentum']!r}; expected 0 <= momentum < 1")
         if not 0 < group["extra_scale_factor"] < math.inf:
@@ -357,7 +357,11 @@ class Muon(CheckedGroupsOptimizer):
         steps = group["num_ns_steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{where}: `num_ns_steps`: must be a positive integer; got {steps!r}; expected an int >= 1")
-        check_choice(f"{where}: `coefficient_type`", group["coefficient_type"], get_args(CoefficientType))
+        if group["coefficient_type"] not in get_args(CoefficientType):  # Megatron-Core's wording, and ours
+            raise ValueError(
+                f"{where}: `coefficient_type`: Unsupported muon coefficient type {group['coefficient_type']!r}; "
+                f"got {group['coefficient_type']!r}; expected one of {list(get_args(CoefficientType))}"
+            )
         if (problem := schedule_problem(group["coefficient_type"], steps)) is not None:
             warnings.warn(
                 f"{where}: coefficient_type={group['coefficient_type']!r} with num_ns_steps={steps}: {problem}",
@@ -556,7 +560,7 @@ class Muon(CheckedGroupsOptimizer):
         assert param.grad is not None  # _plan keeps only params with a gradient
         grad = local_shard(param.grad).to(dtype=compute_dtype(param), memory_format=torch.contiguous_format)
         local = local_shard(param)
-        decoupled_weight_decay_(local, lr=group["lr"], weight_decay=group["weight_decay"])
+        decoupled_weight_decay_(local, lr=lr_value(group), weight_decay=group["weight_decay"])
         direction = momentum_direction_(
             local_shard(state["momentum_buffer"]), grad, momentum=group["momentum"], nesterov=group["nesterov"]
         )
@@ -605,7 +609,7 @@ class Muon(CheckedGroupsOptimizer):
         update = self._finish_update(orthogonal, param=param, state=prepared.state, group=group, grad=grad, direction=direction)
         if isinstance(param, DTensor) and "orthogonal" in whole:
             update = take_shard(update, param)
-        prepared.local.add_(update, alpha=-group["lr"])
+        prepared.local.add_(update, alpha=-lr_value(group))
 
     # ---- FSDP2: each matrix orthogonalised on its owner ----------------------------------------
 

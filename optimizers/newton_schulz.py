@@ -63,7 +63,7 @@ import functools
 import logging
 from collections.abc import Iterator
 from itertools import chain, cycle, islice, repeat
-from typing import Final, Literal, NamedTuple, get_args
+from typing import Any, Final, Literal, NamedTuple, get_args
 
 import torch
 
@@ -84,6 +84,7 @@ __all__ = [
     "schedule_problem",
     "newton_schulz",
     "newton_schulz_flops",
+    "preserved_matmul_precision",
 ]
 
 CoefficientType = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4"]
@@ -515,21 +516,62 @@ def _use_gram(
     return allowed and flops["gram"] < flops["standard"]
 
 
-@contextlib.contextmanager
-def _float32_matmul_precision(precision: MatmulPrecision) -> Iterator[None]:
-    """Set ``torch.set_float32_matmul_precision`` for the block, as upstream's optimizer does.
+PrecisionFlags = tuple[str, str | None, str | None]
 
-    The setting is process-wide, so concurrent threads see it too (upstream shares this).
+
+def _precision_flags() -> PrecisionFlags:
+    """torch's float32 matmul settings: the legacy precision and the per-backend flags it writes."""
+
+    def flag(backend: Any) -> str | None:
+        try:
+            return str(backend.fp32_precision)
+        except (AttributeError, RuntimeError):  # torch before the per-backend API
+            return None
+
+    return torch.get_float32_matmul_precision(), flag(torch.backends.cuda.matmul), flag(torch.backends.mkldnn.matmul)
+
+
+def _restore_precision_flags(saved: PrecisionFlags) -> None:
+    legacy, cuda_matmul, mkldnn_matmul = saved
+    if torch.get_float32_matmul_precision() != legacy:
+        torch.set_float32_matmul_precision(legacy)
+    # Setting the legacy value also writes the per-backend flags (an unset "none" comes back as
+    # "ieee"), so those are put back one by one.
+    now = _precision_flags()
+    if cuda_matmul is not None and now[1] != cuda_matmul:
+        torch.backends.cuda.matmul.fp32_precision = cuda_matmul
+    if mkldnn_matmul is not None and now[2] != mkldnn_matmul:
+        torch.backends.mkldnn.matmul.fp32_precision = mkldnn_matmul
+
+
+@contextlib.contextmanager
+def preserved_matmul_precision() -> Iterator[None]:
+    """Leave torch's float32 matmul settings exactly as found, whatever the block sets.
+
+    Upstream's optimizers restore ``torch.set_float32_matmul_precision(previous)``, which turns
+    unset per-backend flags (``torch.backends.cuda.matmul.fp32_precision == "none"``) into set ones;
+    a step must leave global settings as it found them.
     """
-    previous = torch.get_float32_matmul_precision()
-    if previous == precision:
-        yield
-        return
-    torch.set_float32_matmul_precision(precision)
+    saved = _precision_flags()
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(previous)
+        _restore_precision_flags(saved)
+
+
+@contextlib.contextmanager
+def _float32_matmul_precision(precision: MatmulPrecision) -> Iterator[None]:
+    """Set ``torch.set_float32_matmul_precision`` for the block, as upstream's optimizer does, and
+    leave every float32 matmul setting as found afterwards (:func:`preserved_matmul_precision`).
+
+    The setting is process-wide, so concurrent threads see it too (upstream shares this).
+    """
+    if torch.get_float32_matmul_precision() == precision:
+        yield
+        return
+    with preserved_matmul_precision():
+        torch.set_float32_matmul_precision(precision)
+        yield
 
 
 def _check_tensor(x: object) -> None:

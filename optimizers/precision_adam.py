@@ -28,7 +28,7 @@ from torch.optim.adam import adam as torch_adam
 from torch.optim.optimizer import ParamsT, StateDict
 
 from .._common import PARAM_DTYPES, describe_param, fused_supported
-from ._checked import CheckedGroupsOptimizer
+from ._checked import CheckedGroupsOptimizer, check_lr
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
 
 __all__ = [
@@ -414,7 +414,8 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
 
     def _check_group(self, group: dict[str, Any], index: int) -> None:
         where = f"param group #{index}"
-        for name in ("lr", "eps", "weight_decay"):
+        check_lr(group, where)
+        for name in ("eps", "weight_decay"):
             if not group[name] >= 0:
                 raise ValueError(f"{where}: `{name}`: must be non-negative; got {group[name]}; expected {name} >= 0")
         betas = group["betas"]

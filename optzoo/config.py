@@ -37,6 +37,8 @@ __all__ = [
     "OptimizerConfig",
     "SCHEDULE_KEYS",
     "SGDOptimizerConfig",
+    "get_supported_coefficient_types",
+    "validate_coefficient_type",
 ]
 
 MuonScaleMode = ScaleMode
@@ -70,6 +72,22 @@ class _Shown(str):
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def get_supported_coefficient_types() -> tuple[str, ...]:
+    """The Newton–Schulz coefficient sets ``muon_coefficient_type`` takes (Megatron-Core's function of this name)."""
+    return get_args(MuonCoefficientType)
+
+
+def validate_coefficient_type(coefficient_type: str) -> None:
+    """Raise ``ValueError`` if ``coefficient_type`` is not a supported coefficient set, with
+    Megatron-Core's message (``megatron.core.optimizer.emerging_optimizers.validate_coefficient_type``)."""
+    supported = get_supported_coefficient_types()
+    if coefficient_type not in supported:
+        raise ValueError(
+            f"`OptimizerConfig.muon_coefficient_type`: Unsupported muon coefficient type {coefficient_type!r}. "
+            f"Supported types: {supported}; got {coefficient_type!r}; expected one of {list(supported)}"
+        )
 
 
 def _fail(field: str, problem: str, value: Any, expected: str) -> ValueError:
@@ -289,6 +307,13 @@ class OptimizerConfig:
                     continue
                 raise _wrong_type(f.name, value, "a callable or None")
             accepted, described = allowed
+            if isinstance(value, torch.Tensor) and float in accepted:
+                # torch.optim takes a one-element tensor lr (for compiled steps); a config holds the
+                # number each group starts from, and the scheduler writes numbers.
+                raise _fail(
+                    f.name, "a tensor is not taken here", _Shown(f"a tensor of shape {tuple(value.shape)}"),
+                    f"{described}, e.g. float(value)",
+                )
             if isinstance(value, bool) and bool not in accepted:
                 raise _wrong_type(f.name, value, described)
             if not isinstance(value, accepted):
@@ -312,6 +337,8 @@ class OptimizerConfig:
             ("muon_fsdp_orthogonalize", get_args(MuonFsdpOrthogonalize)),
         ):
             value = getattr(self, field)
+            if field == "muon_coefficient_type" and value not in allowed:
+                validate_coefficient_type(value)
             if value not in allowed:
                 raise _fail(field, "unknown value", value, f"one of {list(allowed)}")
 

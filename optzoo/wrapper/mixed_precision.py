@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from optzoo._common import local_shard
+from optzoo.optimizers._checked import KeepsSettingsOptimizer
 
 from optzoo.wrapper import grad_stages
 from optzoo.wrapper.param_map import ParamMap
@@ -62,7 +63,7 @@ class StepOptions:
     """Pass ``barrier=True`` to those timers."""
 
 
-class MixedPrecisionOptimizer(torch.optim.Optimizer):
+class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
     """Several torch optimizers over main parameters, behind one ``torch.optim.Optimizer`` face.
 
     Built by :func:`optzoo.get_optimizer`; ``param_groups`` are the inner optimizers' real
@@ -226,7 +227,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if self.options.log_num_zeros_in_grad:  # zeros stay zeros under the positive factor
             with self._timed("optimizer-count-zeros"):
                 num_zeros = grad_stages.count_zeros(grads, group, device)
-        with self._timed("optimizer-inner-step"):
+        with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             for opt, takes_grad_scale, params in zip(self.optimizers, self._takes_grad_scale, self._params_of, strict=True):
                 self._inner_step(opt, takes_grad_scale, params, factors)
         with self._timed("optimizer-copy-main-to-model-params"):
@@ -267,7 +268,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
             factors = grad_stages.grad_factors(norm, self.grad_scaler, self.options.clip_grad, clip=clipping)
             divisor = factors[1] if factors is not None else self._one.reshape(())
-        with self._timed("optimizer-inner-step"):
+        with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             for opt in self.optimizers:
                 with _amp_scaling(opt, divisor, found_inf):
                     opt.step()
@@ -335,7 +336,7 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         if self.options.log_num_zeros_in_grad:
             with self._timed("optimizer-count-zeros"):
                 num_zeros = grad_stages.count_zeros(grads, group, device)
-        with self._timed("optimizer-inner-step"):
+        with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             for opt in self.optimizers:
                 opt.step()
         with self._timed("optimizer-copy-main-to-model-params"):
@@ -354,22 +355,61 @@ class MixedPrecisionOptimizer(torch.optim.Optimizer):
         """Groups and per-parameter state, keyed by parameter names (not positions).
 
         Tensors are the live ones, as in torch; ``torch.save`` (or a deep copy) snapshots them.
+        Hooks registered with ``register_state_dict_pre_hook``/``_post_hook`` run as in torch.
         """
-        return state_dict_of(
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
+        state_dict = state_dict_of(
             param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
         )
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore groups' hyperparameters and state, matching parameters by name.
 
         Everything is checked before anything changes: a name that exists on one side only,
         a group whose members differ, or a group that changed optimizer is a ``ValueError``
-        naming both sides, and the optimizer is left as it was.
+        naming both sides, and the optimizer is left as it was. Hooks registered with
+        ``register_load_state_dict_pre_hook``/``_post_hook`` run as in torch (a pre-hook may
+        return the dict to load instead).
         """
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         load_state_dict_(
             state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
             optimizers=self.optimizers,
         )  # fmt: skip
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+
+@contextlib.contextmanager
+def _without_global_step_hooks() -> Iterator[None]:
+    """Hide torch's global step hooks (``register_optimizer_step_pre_hook``/``_post_hook``) from the
+    inner optimizers: one ``step()`` of the wrapper runs each once, as for any torch optimizer."""
+    from torch.optim import optimizer as torch_optimizer
+
+    hooks = (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
+    if not any(hooks):
+        yield
+        return
+    saved = [dict(h) for h in hooks]
+    for h in hooks:
+        h.clear()
+    try:
+        yield
+    finally:
+        for h, kept in zip(hooks, saved, strict=True):
+            added = dict(h)  # a hook an inner step registered stays, after the ones it found
+            h.clear()
+            h.update(kept)
+            h.update(added)
 
 
 @contextlib.contextmanager

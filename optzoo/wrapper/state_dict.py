@@ -215,6 +215,8 @@ def load_state_dict_(
             main.copy_(saved_main)
     if grad_scaler is not None and scaler_state is not None:
         grad_scaler.load_state_dict(scaler_state)
+    for opt in optimizers:  # as torch's loader ends: each class brings older state into its format
+        opt.__setstate__({"state": opt.state, "param_groups": opt.param_groups})  # (a number ``step`` becomes a tensor)
 
 
 def _damaged(where: str, got: str, expected: str) -> ValueError:

@@ -377,7 +377,7 @@ BAD_SETTINGS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"extra_scale_factor": 0.0}, ValueError, r"`extra_scale_factor`: must be positive and finite; got 0.0"),
     ({"num_ns_steps": 0}, ValueError, r"`num_ns_steps`: must be a positive integer; got 0; expected an int >= 1"),
     ({"num_ns_steps": 2.5}, ValueError, r"`num_ns_steps`: must be a positive integer; got 2.5"),
-    ({"coefficient_type": "custom"}, ValueError, r"`coefficient_type`: unknown value; got 'custom'; expected one of \['simple', 'quintic'"),
+    ({"coefficient_type": "custom"}, ValueError, r"`coefficient_type`: Unsupported muon coefficient type 'custom'; got 'custom'; expected one of \['simple', 'quintic'"),
     ({"fp32_matmul_prec": "low"}, ValueError, r"`fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),
     ({"scale_mode": "rms"}, ValueError, r"`scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling'\]"),
     ({"nesterov": "yes"}, TypeError, r"`nesterov`: must be a bool; got 'yes'; expected True or False"),
