@@ -3,10 +3,12 @@ closure handled once."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, overload, override
 
 import torch
+from torch.optim.optimizer import StateDict
 
 
 _HOOK_DICTS = frozenset(
@@ -67,6 +69,27 @@ class CheckedGroupsOptimizer(KeepsSettingsOptimizer):
         raise NotImplementedError
 
     @override
+    def load_state_dict(self, state_dict: StateDict) -> None:
+        """torch's ``load_state_dict``, with the load pre-hooks run before :meth:`_load_state_dict`
+        reads the dict (so a hook's returned dict is the one loaded), and the post-hooks after."""
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        hooks, self._optimizer_load_state_dict_pre_hooks = self._optimizer_load_state_dict_pre_hooks, OrderedDict()
+        try:
+            self._load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = hooks
+
+    def _load_state_dict(self, state_dict: StateDict) -> None:
+        """Override point: load ``state_dict`` (the hooks' result); :meth:`_torch_load_state_dict` is torch's loader."""
+        self._torch_load_state_dict(state_dict)
+
+    def _torch_load_state_dict(self, state_dict: StateDict) -> None:
+        torch.optim.Optimizer.load_state_dict(self, state_dict)  # runs the post-hooks
+
+    @override
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         try:
@@ -86,7 +109,7 @@ def check_lr(group: dict[str, Any], where: str) -> None:
     if isinstance(lr, torch.Tensor):
         if lr.numel() != 1:
             raise ValueError(
-                f"{where}: `lr`: a tensor lr must have one element; got a tensor of shape {tuple(lr.shape)}; "
+                f"{where}: `lr`: Tensor lr must be 1-element; got a tensor of shape {tuple(lr.shape)}; "
                 "expected a float or a one-element tensor"
             )
         if lr.is_complex() or not bool(lr >= 0):

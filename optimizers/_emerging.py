@@ -27,11 +27,7 @@ def lion(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
 
     Weight decay is decoupled (``p *= 1 - lr * weight_decay``), upstream's default.
     """
-    try:
-        from emerging_optimizers.scalar_optimizers.lion import Lion
-    except ImportError as error:  # pragma: no cover - a core dependency
-        raise ImportError(_MISSING) from error
-    optimizer: torch.optim.Optimizer = Lion(param_groups, weight_decay_method="decoupled")
+    optimizer: torch.optim.Optimizer = _upstream_class("Lion")(param_groups, weight_decay_method="decoupled")
     return optimizer
 
 
@@ -43,38 +39,46 @@ def soap(param_groups: list[dict[str, Any]], *, use_kl_shampoo: bool) -> torch.o
     Upstream 0.3.0 refreshes its preconditioner every step and takes 2-D params only.
     """
     first = param_groups[0]
-    optimizer: torch.optim.Optimizer = _soap_class()(
+    optimizer: torch.optim.Optimizer = _upstream_class("SOAP")(
         param_groups, lr=first["lr"], weight_decay_method="decoupled", use_kl_shampoo=use_kl_shampoo
     )
     return optimizer
 
 
-@functools.cache
-def _soap_class() -> type[torch.optim.Optimizer]:
-    """Upstream's SOAP, made to keep torch's contract: its step runs inside
-    :func:`preserved_matmul_precision` (upstream sets torch's float32 matmul precision and restores
-    it in a way that changes the per-backend flags), and a copy or pickle keeps its instance
-    settings (:class:`KeepsSettingsOptimizer`)."""
-    try:
-        from emerging_optimizers.soap.soap import SOAP
-    except ImportError as error:  # pragma: no cover
-        raise ImportError(_MISSING) from error
+def _keeping_contract(upstream: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``upstream`` made to keep torch's contract, under its own name in this module (where pickle
+    finds it, through :func:`__getattr__`): a copy or pickle keeps its instance settings
+    (:class:`KeepsSettingsOptimizer`; upstream keeps e.g. ``weight_decay_method`` there), and a step
+    leaves torch's float32 matmul settings as found (:func:`preserved_matmul_precision`; SOAP sets
+    the precision and restores it in a way that changes the per-backend flags)."""
 
-    class ContractSOAP(KeepsSettingsOptimizer, SOAP):  # type: ignore[misc]  # untyped upstream
-        __doc__ = SOAP.__doc__
+    class Keeping(KeepsSettingsOptimizer, upstream):  # type: ignore[valid-type, misc]  # untyped upstream
+        __doc__ = upstream.__doc__
 
         def step(self, closure: Any = None) -> Any:
             with preserved_matmul_precision():
                 return super().step(closure)
 
-    ContractSOAP.__name__ = ContractSOAP.__qualname__ = "SOAP"  # pickle finds it through __getattr__
-    ContractSOAP.__module__ = __name__
-    return ContractSOAP
+    Keeping.__name__ = Keeping.__qualname__ = upstream.__name__
+    Keeping.__module__ = __name__
+    return Keeping
+
+
+@functools.cache
+def _upstream_class(name: str) -> Any:  # an untyped upstream class
+    try:
+        if name == "Lion":
+            from emerging_optimizers.scalar_optimizers.lion import Lion as upstream
+        else:
+            from emerging_optimizers.soap.soap import SOAP as upstream
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    return _keeping_contract(upstream)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "SOAP":  # built on first use: upstream is imported lazily
-        return _soap_class()
+    if name in ("Lion", "SOAP"):  # built on first use: upstream is imported lazily
+        return _upstream_class(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -749,7 +749,7 @@ class Muon(CheckedGroupsOptimizer):
         }  # fmt: skip
 
     @override
-    def load_state_dict(self, state_dict: StateDict) -> None:
+    def _load_state_dict(self, state_dict: StateDict) -> None:
         """torch's ``load_state_dict``, keeping the float32 state of 16-bit params in float32.
 
         torch casts every floating state tensor to its param's dtype, which would round a bf16
@@ -769,7 +769,7 @@ class Muon(CheckedGroupsOptimizer):
                         if torch.is_tensor(value) and value.is_floating_point()
                     }
         views = [group.get("matrix_views") for group in self.param_groups]  # the model's, not the checkpoint's
-        super().load_state_dict(state_dict)
+        self._torch_load_state_dict(state_dict)
         for group, kept in zip(self.param_groups, views):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)

@@ -528,7 +528,7 @@ def _precision_flags() -> PrecisionFlags:
         except (AttributeError, RuntimeError):  # torch before the per-backend API
             return None
 
-    return torch.get_float32_matmul_precision(), flag(torch.backends.cuda.matmul), flag(torch.backends.mkldnn.matmul)
+    return torch.get_float32_matmul_precision(), flag(torch.backends.cuda.matmul), flag(getattr(torch.backends.mkldnn, "matmul", None))
 
 
 def _restore_precision_flags(saved: PrecisionFlags) -> None:
@@ -541,7 +541,7 @@ def _restore_precision_flags(saved: PrecisionFlags) -> None:
     if cuda_matmul is not None and now[1] != cuda_matmul:
         torch.backends.cuda.matmul.fp32_precision = cuda_matmul
     if mkldnn_matmul is not None and now[2] != mkldnn_matmul:
-        torch.backends.mkldnn.matmul.fp32_precision = mkldnn_matmul
+        torch.backends.mkldnn.matmul.fp32_precision = mkldnn_matmul  # type: ignore[attr-defined]  # set at runtime
 
 
 @contextlib.contextmanager

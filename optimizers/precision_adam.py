@@ -700,7 +700,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                     grad.zero_()
 
     @override
-    def load_state_dict(self, state_dict: StateDict) -> None:
+    def _load_state_dict(self, state_dict: StateDict) -> None:
         """torch's ``load_state_dict``, keeping state in this optimizer's dtypes.
 
         torch casts every floating state tensor to its param's dtype (bf16 moments of an fp32
@@ -725,7 +725,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                 saved = state_dict["state"].get(saved_id)
                 if saved is not None:
                     restored[param] = self._restore(saved, param, saved_id, fused=kernel["fused"])
-        super().load_state_dict(state_dict)
+        self._torch_load_state_dict(state_dict)
         for group, kernel in zip(self.param_groups, kernels):
             group["fused"], group["foreach"] = kernel["fused"], kernel["foreach"]
         for param, values in restored.items():

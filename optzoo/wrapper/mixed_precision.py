@@ -378,7 +378,7 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
         return the dict to load instead).
         """
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = pre_hook(self, state_dict)
+            result = pre_hook(self, state_dict)  # type: ignore[arg-type]  # torch types it dict; any mapping loads
             if result is not None:
                 state_dict = result
         load_state_dict_(
@@ -395,7 +395,7 @@ def _without_global_step_hooks() -> Iterator[None]:
     inner optimizers: one ``step()`` of the wrapper runs each once, as for any torch optimizer."""
     from torch.optim import optimizer as torch_optimizer
 
-    hooks = (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
+    hooks: tuple[dict[int, Any], ...] = (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
     if not any(hooks):
         yield
         return
