@@ -10,6 +10,7 @@ copy of each param (layouts) or from a float lr (tensor lr). The deliberate diff
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 import re
 from collections.abc import Callable
@@ -83,10 +84,6 @@ def assert_bitwise(got: list[torch.Tensor], expected: list[torch.Tensor]) -> Non
 
 def state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v.detach().clone() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-
-
-def _is_skippable(row: OptzooOptimizerInfo, inp: OptimizerInput, dtype: torch.dtype) -> bool:
-    return dtype != torch.float32 and inp.desc != "default"
 
 
 # ---- copies ---------------------------------------------------------------------------------------
@@ -249,15 +246,71 @@ def test_a_checkpoint_without_kernel_keys_loads(row: OptzooOptimizerInfo, inp: O
     assert_bitwise(values(params2), values(params))
 
 
+@pytest.mark.parametrize(("row", "inp"), CASES, ids=CASE_IDS)
+def test_a_state_dict_saves_and_loads_with_weights_only(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    # torch's test_save_load_equality_with_weights_only: torch.load(weights_only=True), torch's safe default
+    params = params_for(row, inp)
+    targets = targets_for(params)
+    opt = build(row, params, inp)
+    train(opt, params, targets, 2)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    assert _comparable(loaded) == _comparable(opt.state_dict())
+    params2, opt2 = _twin(row, inp)
+    with torch.no_grad():
+        for p2, p in zip(params2, params, strict=True):
+            p2.copy_(p)
+    opt2.load_state_dict(loaded)
+    train(opt, params, targets, 1)
+    train(opt2, params2, targets, 1)
+    assert_bitwise(values(params2), values(params))
+
+
+@pytest.mark.parametrize(("row", "inp"), [(r, i) for r, i in DEFAULTS if not r.wrapper], ids=[r.name for r in DB if not r.wrapper])
+def test_named_params_save_their_names_and_round_trip(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    # torch >= 2.6: optim_cls(model.named_parameters()) records `param_names` in each group
+    params = make_params(row)
+    targets = targets_for(params)
+    opt = row.build([(f"w{i}", p) for i, p in enumerate(params)], **inp.kwargs)
+    train(opt, params, targets, 2)
+    saved = copy.deepcopy(opt.state_dict())
+    assert saved["param_groups"][0]["param_names"] == [f"w{i}" for i in range(len(params))]
+    params2 = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt2 = row.build([(f"w{i}", p) for i, p in enumerate(params2)], **inp.kwargs)
+    opt2.load_state_dict(saved)
+    assert _comparable(opt2.state_dict()) == _comparable(saved)
+    train(opt, params, targets, 1)
+    train(opt2, params2, targets, 1)
+    assert_bitwise(values(params2), values(params))
+
+
+@pytest.mark.parametrize(("row", "inp"), [(r, i) for r, i in DEFAULTS if not r.wrapper], ids=[r.name for r in DB if not r.wrapper])
+def test_param_groups_keep_their_own_lr(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    # torch's test_param_groups_lr: a group with lr 0 does not move, the other does
+    params = make_params(row)
+    targets = targets_for(params)
+    opt = row.build([{"params": params[:1], "lr": 0.0}, {"params": params[1:]}], **{**inp.kwargs, "lr": 1e-2})
+    before = values(params)
+    train(opt, params, targets, 2)
+    assert torch.equal(params[0].detach(), before[0])
+    assert all(not torch.equal(p.detach(), b) for p, b in zip(params[1:], before[1:], strict=True))
+
+
 # ---- stepping -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(("row", "inp"), CASES, ids=CASE_IDS)
+DIRECTION_CASES = [
+    (row, inp, dtype) for row, inp in CASES for dtype in row.dtypes if dtype == torch.float32 or inp.desc == "default"
+]  # other dtypes with each row's defaults
+
+
+@pytest.mark.parametrize(
+    ("row", "inp", "dtype"), DIRECTION_CASES, ids=[f"{r.name}-{i.desc}-{str(d)[6:]}" for r, i, d in DIRECTION_CASES]
+)
 def test_goes_the_right_direction(row: OptzooOptimizerInfo, inp: OptimizerInput, dtype: torch.dtype) -> None:
     # torch's test_forloop_goes_right_direction, on a quadratic
-    if dtype not in row.dtypes or _is_skippable(row, inp, dtype):
-        pytest.skip(f"{row.name} is tried with {row.dtypes}, and other dtypes with its defaults only")
     params = params_for(row, inp) if dtype == torch.float32 else make_params(row, dtype)
     targets = targets_for(params)
     opt = build(row, params, inp)
@@ -299,6 +352,36 @@ def test_no_grad_is_a_no_op(row: OptzooOptimizerInfo, inp: OptimizerInput) -> No
     opt.step()
     assert_bitwise(values(params)[1:], before[1:])
     assert not torch.equal(params[0].detach(), before[0])
+
+
+NO_DECAY = [(row, inp) for row, inp in CASES if not inp.kwargs.get("weight_decay")]  # decay moves params without a gradient
+
+
+@pytest.mark.parametrize(("row", "inp"), NO_DECAY, ids=[f"{r.name}-{i.desc}" for r, i in NO_DECAY])
+def test_zero_gradients_leave_params_unchanged(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    # torch's test_step_is_noop_for_zero_grads: no weight decay, all-zero gradients
+    params = params_for(row, inp)
+    extra = {"weight_decay": 0.0} if row.wrapper or "weight_decay" not in inp.kwargs else {}
+    opt = build(row, params, inp, **extra)
+    before = values(params)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+    assert_bitwise(values(params), before)
+
+
+@pytest.mark.parametrize(("row", "inp"), CASES, ids=CASE_IDS)
+def test_zero_grad_and_repr(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    params = params_for(row, inp)
+    targets = targets_for(params)
+    opt = build(row, params, inp)
+    assert repr(opt).startswith(type(opt).__name__)
+    loss_of(params, targets).backward()
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in params)
+    opt.zero_grad()
+    assert all(p.grad is None for p in params)
 
 
 @pytest.mark.parametrize(("row", "inp"), DEFAULTS, ids=DEFAULT_IDS)
@@ -484,8 +567,17 @@ def _d9() -> None:
     PrecisionAwareAdam([torch.nn.Parameter(torch.randn(4))], differentiable=True)  # type: ignore[call-arg]
 
 
+def _d10() -> None:
+    params = [torch.nn.Parameter(torch.randn(4, 6, dtype=torch.bfloat16)), torch.nn.Parameter(torch.randn(4, dtype=torch.bfloat16))]
+    opt = wrapper_adapter("adam")(params, bf16=True)
+    loss_of(params, targets_for(params)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    raise AssertionError(f"grads after step: {[p.grad for p in params]}")
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {
-    "D1": _d1, "D2": _d2, "D3": _d3, "D4": _d4, "D5": _d5, "D6": _d6, "D7": _d7, "D8": _d8, "D9": _d9,
+    "D1": _d1, "D2": _d2, "D3": _d3, "D4": _d4, "D5": _d5, "D6": _d6, "D7": _d7, "D8": _d8, "D9": _d9, "D10": _d10,
 }  # fmt: skip
 
 
