@@ -591,3 +591,33 @@ def test_documented_differences(difference: str) -> None:
     expected = {"TypeError": TypeError, "ValueError": ValueError, "AssertionError": AssertionError}[error_type]
     with pytest.raises(expected, match=pattern):
         SCENARIOS[difference]()
+
+
+# ---- rows for algorithms registered later -----------------------------------------------------------
+
+
+def test_an_algorithm_registered_later_gets_a_row_and_keeps_the_contract() -> None:
+    from optzoo.optimizers.registry import OptimizerSpec, elementwise_cost, register, unregister
+
+    register(
+        OptimizerSpec(
+            name="radam_for_contract", description="torch's RAdam", source="torch", family="adam", elementwise=True,
+            update_cost=elementwise_cost, shapes="any", config_fields=(), instance_fields=(),
+            group_options=lambda fields: {}, build=lambda groups, instance: torch.optim.RAdam(groups),
+        )
+    )  # fmt: skip
+    try:
+        rows = {row.name: row for row in optim_db()}
+        row = rows["get_optimizer[radam_for_contract]"]
+        for inp in row.optim_inputs():
+            for how in ("deepcopy", "pickle"):
+                test_a_copy_steps_as_the_original(row, inp, how)
+            test_state_dict_round_trip_is_exact_and_resumes_bitwise(row, inp)
+            test_a_number_step_in_a_checkpoint_loads_as_the_tensor_one(row, inp)
+            test_goes_the_right_direction(row, inp, torch.float32)
+        default = row.optim_inputs()[0]
+        test_step_hooks_run_once_per_step_global_outside_instance(row, default)
+        test_state_dict_hooks_run_and_may_replace_the_dict(row, default)
+        test_no_grad_is_a_no_op(row, default)
+    finally:
+        unregister("radam_for_contract")
