@@ -621,3 +621,17 @@ def test_an_algorithm_registered_later_gets_a_row_and_keeps_the_contract() -> No
         test_no_grad_is_a_no_op(row, default)
     finally:
         unregister("radam_for_contract")
+
+
+@pytest.mark.parametrize("name", ["lion", "soap"])
+def test_a_missing_emerging_optimizers_names_the_module(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optzoo.optimizers import _emerging
+
+    module = {"lion": "emerging_optimizers.scalar_optimizers.lion", "soap": "emerging_optimizers.soap.soap"}[name]
+    monkeypatch.setitem(__import__("sys").modules, module, None)  # `import` of it now raises ImportError
+    _emerging._upstream_class.cache_clear()
+    try:
+        with pytest.raises(ImportError, match=r"^the module `emerging_optimizers` \(package emerging-optimizers==0\.3\.0\) is required"):
+            wrapper_adapter(name)([torch.nn.Parameter(torch.randn(4, 6))])
+    finally:
+        _emerging._upstream_class.cache_clear()
