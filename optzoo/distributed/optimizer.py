@@ -157,14 +157,14 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             if entry.model.grad is not None:
                 entry.model.grad = None if set_to_none else entry.model.grad.zero_()
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state_dict(self) -> dict[str, Any]:
         """The whole optimizer's state, keyed by names, as one process would save it.
 
         A collective: every rank must call it; every rank gets the same dict. Under expert
         parallelism it holds every expert when expert names are global, else this rank's experts
         (see :class:`~optzoo.distributed.setup.ExpertLayout`).
         """
-        local = super().state_dict()
+        local = super()._state_dict()
         mine = {
             "state": {name: _to_cpu(values) for name, values in local["state"].items()},
             "main_params": {name: t.detach().cpu() for name, t in local["main_params"].items()},
@@ -187,12 +187,12 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         param_shapes = {**merged["param_shapes"], **{name: list(shape) for name, (_, shape) in layout.elsewhere.items()}}
         return {**merged, "param_groups": groups, "param_shapes": param_shapes}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """As :meth:`MixedPrecisionOptimizer.load_state_dict`; under expert parallelism with global
         expert names, the experts other ranks hold are skipped (and must be in the checkpoint)."""
         layout = self.expert_layout
         if layout is None or not layout.global_names or not isinstance(state_dict, Mapping) or "param_groups" not in state_dict:
-            return super().load_state_dict(state_dict)
+            return super()._load_state_dict(state_dict)
         saved = {n for g in state_dict["param_groups"] for n in g.get("param_names", ())}
         absent = sorted(set(layout.elsewhere) - saved)
         if absent:
@@ -205,7 +205,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         groups = [
             {**group, "param_names": [n for n in group["param_names"] if n not in elsewhere]} for group in state_dict["param_groups"]
         ]
-        super().load_state_dict({**_without(state_dict, elsewhere), "param_groups": groups})
+        super()._load_state_dict({**_without(state_dict, elsewhere), "param_groups": groups})
 
     @property
     def _expert_names(self) -> set[str]:

@@ -359,14 +359,18 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
         """
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
-        state_dict = state_dict_of(
-            param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
-        )
+        state_dict = self._state_dict()
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, state_dict)
             if result is not None:
                 state_dict = result
         return state_dict
+
+    def _state_dict(self) -> dict[str, Any]:
+        """Override point: the state dict, before the hooks."""
+        return state_dict_of(
+            param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
+        )
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore groups' hyperparameters and state, matching parameters by name.
@@ -381,12 +385,16 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
             result = pre_hook(self, state_dict)  # type: ignore[arg-type]  # torch types it dict; any mapping loads
             if result is not None:
                 state_dict = result
+        self._load_state_dict(state_dict)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Override point: the checked load, between the hooks."""
         load_state_dict_(
             state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
             optimizers=self.optimizers,
         )  # fmt: skip
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
-            post_hook(self)
 
 
 @contextlib.contextmanager
