@@ -288,7 +288,9 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
     :func:`adam_update_` (``fused=False, foreach=False``; bitwise ``foreach=False``). The fused
     kernel does the update in one pass, but rounds differently from the plain one (its own
     operation order), so the paths agree to fp32 rounding, not bitwise. Every kernel is called on
-    one param at a time, so at most one fp32 master is rebuilt at once.
+    one param at a time, so at most one fp32 master is rebuilt at once. The fused kernel walks
+    memory in order, so it gets master, gradient and moments laid out alike and without gaps:
+    a param whose memory has gaps (``x[..., 0]``) is stepped as a dense copy, written back.
 
     Reference implementation: TE ``FusedAdam``,
     https://github.com/NVIDIA/TransformerEngine/blob/04912bf024514826f31cc02485d396974af68516/transformer_engine/pytorch/optimizers/fused_adam.py
@@ -516,7 +518,8 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         # the master of such a param (the param itself, with no master copy) is stepped as a
         # dense copy that _write_master writes back, and a gradient laid out otherwise (a
         # transposed one: torch.optim.AdamW(fused=True) misapplies it) is copied.
-        if group["fused"] and master.stride() != exp_avg.stride():
+        # (Both contiguous, the common case, is told without stride(), which costs more on a Parameter.)
+        if group["fused"] and not (master.is_contiguous() and exp_avg.is_contiguous()) and master.stride() != exp_avg.stride():
             master = torch.empty_like(exp_avg).copy_(master)
         if group["fused"] and grad.stride() != master.stride():
             compute_grad = torch.empty_like(master).copy_(grad)
