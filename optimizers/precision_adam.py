@@ -24,10 +24,11 @@ from collections.abc import Callable
 from typing import Any, override
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as torch_adam
 from torch.optim.optimizer import ParamsT, StateDict
 
-from .._common import PARAM_DTYPES, describe_param, fused_supported
+from .._common import PARAM_DTYPES, describe_param, has_fused_kernel
 from ._checked import CheckedGroupsOptimizer, check_lr
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
 
@@ -247,6 +248,15 @@ def _master_kind(master: torch.Tensor | None) -> str:
     return "int16 remainders" if master.dtype == torch.int16 else "a float copy"
 
 
+def _laid_out_as_state(saved: torch.Tensor, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A saved state tensor in ``dtype``, laid out as :meth:`PrecisionAwareAdam._init_state` lays
+    out ``param``'s (a checkpoint from a param of another layout would otherwise cost the fused
+    kernel a copy of the master every step)."""
+    if saved.shape == param.shape and not isinstance(saved, DTensor) and not isinstance(param, DTensor):
+        return torch.empty_like(param, dtype=dtype).copy_(saved)
+    return saved.to(device=param.device, dtype=dtype, copy=True)
+
+
 def _store(destination: torch.Tensor, value: torch.Tensor) -> None:
     """Write ``value`` into ``destination`` (rounding to nearest even) unless it already is it."""
     if value is not destination:
@@ -278,7 +288,9 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
     :func:`adam_update_` (``fused=False, foreach=False``; bitwise ``foreach=False``). The fused
     kernel does the update in one pass, but rounds differently from the plain one (its own
     operation order), so the paths agree to fp32 rounding, not bitwise. Every kernel is called on
-    one param at a time, so at most one fp32 master is rebuilt at once.
+    one param at a time, so at most one fp32 master is rebuilt at once. The fused kernel walks
+    memory in order, so it gets master, gradient and moments laid out alike and without gaps:
+    a param whose memory has gaps (``x[..., 0]``) is stepped as a dense copy, written back.
 
     Reference implementation: TE ``FusedAdam``,
     https://github.com/NVIDIA/TransformerEngine/blob/04912bf024514826f31cc02485d396974af68516/transformer_engine/pytorch/optimizers/fused_adam.py
@@ -435,10 +447,11 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         if fused and foreach:
             raise ValueError(f"{where}: `fused`, `foreach`: pick one kernel; got fused=True, foreach=True; expected at most one True")
         params = group["params"]
+        # The devices decide, not the layouts: _step_param steps a param with gaps as a dense copy.
         if fused is None:
-            fused = foreach is not True and fused_supported(params)
-        elif fused and not fused_supported(params):
-            devices = sorted({p.device.type for p in params if not fused_supported([p])})
+            fused = foreach is not True and has_fused_kernel(params)
+        elif fused and not has_fused_kernel(params):
+            devices = sorted({p.device.type for p in params if not has_fused_kernel([p])})
             raise ValueError(
                 f"{where}: `fused`: torch has no fused Adam kernel for these params; got devices {devices}; "
                 "expected devices in torch.utils._foreach_utils._get_fused_kernels_supported_devices(), or fused=None"
@@ -501,9 +514,15 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         exp_avg_sq = self._upcast(state["exp_avg_sq"], compute, "exp_avg_sq")
         beta1, beta2 = group["betas"]
         grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
+        # torch's fused kernel walks its tensors in memory order, so all four must be laid out
+        # alike, without gaps. The moments are (zeros_like lays out a param with gaps densely);
+        # the master of such a param (the param itself, with no master copy) is stepped as a
+        # dense copy that _write_master writes back, and a gradient laid out otherwise (a
+        # transposed one: torch.optim.AdamW(fused=True) misapplies it) is copied.
+        # (Both contiguous, the common case, is told without stride(), which costs more on a Parameter.)
+        if group["fused"] and not (master.is_contiguous() and exp_avg.is_contiguous()) and master.stride() != exp_avg.stride():
+            master = torch.empty_like(exp_avg).copy_(master)
         if group["fused"] and grad.stride() != master.stride():
-            # torch's fused kernel walks its tensors in memory order, so a transposed gradient
-            # would be applied to the wrong elements (torch.optim.AdamW(fused=True) does that)
             compute_grad = torch.empty_like(master).copy_(grad)
         else:
             compute_grad = self._upcast(grad, compute, "grad")  # 16-bit: a fresh fp32 copy per param page-faults
@@ -755,8 +774,8 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
             values["step"] = torch.as_tensor(saved["step"]).to(device=device, dtype=torch.float32, copy=True)
         for key, dtype in (("exp_avg", self.exp_avg_dtype), ("exp_avg_sq", self.exp_avg_sq_dtype)):
             if key in saved:
-                values[key] = saved[key].to(device=param.device, dtype=dtype, copy=True)
+                values[key] = _laid_out_as_state(saved[key], param, dtype)
         if master is not None:
             dtype = torch.int16 if self.store_param_remainders else self.master_weight_dtype
-            values["master_param"] = master.to(device=param.device, dtype=dtype, copy=True)
+            values["master_param"] = _laid_out_as_state(master, param, dtype)
         return values

@@ -30,8 +30,10 @@ __all__ = [
     "Role",
     "check_choice",
     "check_flag",
+    "dense_layout",
     "describe_param",
     "fused_supported",
+    "has_fused_kernel",
     "invalid",
     "jsonable",
     "local_shard",
@@ -223,12 +225,44 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def fused_supported(params: Sequence[torch.Tensor]) -> bool:
-    """Whether torch's fused kernels take these params (same check torch makes when fused=True)."""
+def dense_layout(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill one block of memory, each once, in some order of its dims
+    (torch's "non-overlapping and dense": contiguous, transposed, channels-last, empty).
+
+    A kernel that walks memory from ``data_ptr()`` for ``numel()`` elements, as torch's fused
+    optimizers do, meets exactly the tensor's elements only then; a view with gaps
+    (``x[..., 0]``, ``x[:, ::2]``) would have its update written into the gaps.
+
+    Example:
+        >>> x = torch.zeros(4, 6, 2)
+        >>> dense_layout(x.transpose(0, 1)), dense_layout(x[..., 0]), dense_layout(x[:, :0])
+        (True, False, True)
+    """
+    if tensor.is_contiguous() or tensor.numel() == 0:  # the common case, told cheaply
+        return True
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def has_fused_kernel(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch has fused optimizer kernels for these params' devices and dtypes (the check
+    torch makes for ``fused=True``)."""
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     devices = _get_fused_kernels_supported_devices()
     return bool(params) and all(p.device.type in devices and torch.is_floating_point(p) for p in params)
+
+
+def fused_supported(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's fused optimizer kernels take these params as they are: :func:`has_fused_kernel`,
+    and every layout without gaps (:func:`dense_layout`), which torch does not check and its CPU
+    kernels need. optzoo's wrapper steps a param with gaps through a dense working copy, so there
+    this holds; elsewhere such a param moves its optimizer to the foreach kernel."""
+    return has_fused_kernel(params) and all(dense_layout(p) for p in params)
 
 
 def assign_least_loaded(costs: Sequence[float], loads: list[float]) -> list[int]:

@@ -3,14 +3,16 @@
 In order (:meth:`optzoo.MixedPrecisionOptimizer.step` calls them as a list, the way optax chains
 ``clip_by_global_norm`` and ``apply_if_finite``):
 
-1. :func:`model_grads_to_main_grads`: each model gradient to where its inner optimizer reads it;
+1. :func:`model_params_to_working_copies`: the params whose memory has gaps into their dense
+   working copies; :func:`model_grads_to_main_grads`: each model gradient to where its inner
+   optimizer reads it;
 2. :func:`norm_and_check`: one norm pass over the still scaled gradients, which detects inf/NaN
    and gives the clip coefficient; :func:`grad_factors`: coefficient and loss scale as one
    factor, applied by the inner optimizers (``fold_clip_and_scale``, the default). Megatron's
    separate passes instead: :func:`find_inf_and_unscale_` then :func:`clip_by_global_norm_`;
 3. :func:`count_zeros`: zero gradient elements, for logging;
 4. (the inner optimizers step) :func:`main_params_to_model_params`: updated fp32 main params back
-   into the 16-bit model params.
+   into the 16-bit model params, and working copies back into their params.
 
 With a process group (the distributed optimizers, FSDP2) each rank holds its own share of the
 gradients, and the inf flag, the norm and the zero count are reduced over the group, so every
@@ -39,6 +41,7 @@ __all__ = [
     "grad_factors",
     "main_params_to_model_params",
     "model_grads_to_main_grads",
+    "model_params_to_working_copies",
     "norm_and_check",
     "unscaled_norm",
 ]
@@ -68,14 +71,15 @@ def _model_grad(entry: ParamEntry, param_map: ParamMap) -> torch.Tensor | None:
     return grad
 
 
-def _in_param_layout(grad: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
-    """``grad`` itself, or a copy laid out as ``model``: fused kernels walk param and grad in
-    memory order, so a grad laid out otherwise (a transposed view, a ``main_grad`` buffer) would
-    be applied to the wrong elements."""
+def _in_param_layout(grad: torch.Tensor, main: torch.Tensor) -> torch.Tensor:
+    """``grad`` itself, or a copy laid out as ``main`` (the tensor the inner optimizer steps): fused
+    kernels walk param and grad in memory order, so a grad laid out otherwise (a transposed view,
+    a ``main_grad`` buffer, the grad of a param with gaps beside its working copy) would be
+    applied to the wrong elements."""
     # Both contiguous: the same layout, told for a third of stride()'s cost on a Parameter.
-    if isinstance(grad, DTensor) or (grad.is_contiguous() and model.is_contiguous()) or grad.stride() == model.stride():
+    if isinstance(grad, DTensor) or (grad.is_contiguous() and main.is_contiguous()) or grad.stride() == main.stride():
         return grad
-    return torch.empty_like(model, dtype=grad.dtype).copy_(grad)
+    return torch.empty_like(main, dtype=grad.dtype).copy_(grad)
 
 
 def _reused(buffers: dict[int, torch.Tensor], position: int, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -120,7 +124,7 @@ def model_grads_to_main_grads(param_map: ParamMap, buffers: dict[int, torch.Tens
         assert main is not None  # local entries have one
         grad = None if full_grad is None else part_of(full_grad, entry.part)
         if grad is not None and entry.part is None:
-            grad = _in_param_layout(grad, entry.model)
+            grad = _in_param_layout(grad, main)
         if entry.grad_target == "decoupled":
             decoupled_dtype = param_map.decoupled_grad_dtype
             assert decoupled_dtype is not None  # set wherever the decoupled target is
@@ -334,9 +338,21 @@ def count_zeros(grads: list[torch.Tensor], group: dist.ProcessGroup | None, devi
     return int(zeros.item())
 
 
+def model_params_to_working_copies(param_map: ParamMap) -> None:
+    """Refresh each working copy (the dense main of a param whose memory has gaps) from its
+    param, in one foreach copy: the model stays the truth, whatever wrote it since the last step
+    (a loaded checkpoint, an in-place edit)."""
+    mains: list[torch.Tensor] = []
+    for entry in param_map.working_local:
+        assert entry.main is not None  # local entries have one
+        mains.append(entry.main)
+    if mains:
+        torch._foreach_copy_(mains, [entry.model for entry in param_map.working_local])
+
+
 def main_params_to_model_params(param_map: ParamMap) -> None:
-    """Copy each updated main param that is a copy (fp32 of a 16-bit param) into its model param,
-    in one foreach copy (DTensor parts one by one)."""
+    """Copy each updated main param that is a copy (fp32 of a 16-bit param, or a working copy)
+    into its model param, in one foreach copy (DTensor parts one by one)."""
     models, mains = [], []
     for entry in param_map.local:
         if not entry.aliased:

@@ -7,7 +7,8 @@ parameters themselves (:class:`FP32Optimizer`), or fp32 copies of fp16/bf16 mode
 (:class:`Float16OptimizerWithFloat16Params`), as in Megatron-Core's ``MixedPrecisionOptimizer``.
 Which is which, and where each gradient goes, is the :class:`~optzoo.wrapper.param_map.ParamMap`.
 
-One step is the list of :mod:`~optzoo.wrapper.grad_stages`: model grads to main grads; one norm
+One step is the list of :mod:`~optzoo.wrapper.grad_stages`: model grads to main grads (and params
+whose memory has gaps to their dense working copies); one norm
 pass that detects inf/NaN (the scaler sees the result; on inf/NaN return ``(False, None, None)``
 with parameters and state untouched); the clip coefficient and loss scale as one factor; zero
 count; inner steps, each applying the factor (in its kernel or one pass); main params to model
@@ -210,7 +211,7 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
                 closure()
         group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
-            grads = grad_stages.model_grads_to_main_grads(self.param_map, self._grad_buffers)
+            grads = self._to_mains()
         clipping = self.options.clip_grad > 0.0 and bool(grads or group is not None)
         if not self.options.fold_clip_and_scale:
             return self._step_in_passes(grads, clipping)
@@ -258,7 +259,7 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
         self._check_step_on_device()
         group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
-            grads = grad_stages.model_grads_to_main_grads(self.param_map, self._grad_buffers)
+            grads = self._to_mains()
         clipping = self.options.clip_grad > 0.0
         if not grads and group is None:
             return torch.ones((), dtype=torch.bool, device=device), None, None
@@ -298,6 +299,12 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
                 "Adam/AdamW/SGD or the precision-aware Adam with fused groups, no loss scaler or a constant "
                 "loss_scale, log_num_zeros_in_grad=False and fold_clip_and_scale=True (or call step())"
             )
+
+    def _to_mains(self) -> list[torch.Tensor]:
+        """The first stage of every step: working copies and gradients to where the inner
+        optimizers read them; returns the main grads."""
+        grad_stages.model_params_to_working_copies(self.param_map)
+        return grad_stages.model_grads_to_main_grads(self.param_map, self._grad_buffers)
 
     @staticmethod
     def _inner_step(

@@ -3,8 +3,8 @@
 :func:`build_param_map` makes it once, from the config, the resolved groups and (under the
 distributed optimizers) the parts this rank owns. One :class:`ParamEntry` per parameter gives its
 names, the model tensor, the *main* tensor the inner optimizer steps (the model param itself, a
-flat view of a range of it, or an fp32 copy), whether that main tensor shares the model's
-storage, and where its gradient goes. The wrapper's gradient stages, the distributed optimizer
+flat view of a range of it, an fp32 copy, or a dense working copy of a param whose memory has
+gaps), whether that main tensor shares the model's storage, and where its gradient goes. The wrapper's gradient stages, the distributed optimizer
 and the state dict all walk this map, so nothing is guessed from storage pointers later.
 """
 
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch.distributed.tensor import DTensor
 
+from optzoo._common import dense_layout
 from optzoo.config import OptimizerConfig
 from optzoo.groups import ResolvedGroup
 
@@ -39,10 +41,10 @@ GradSource = Literal["grad", "main_grad"]
 """Where model gradients are read: ``param.grad``, or a DDP-style ``param.main_grad`` buffer."""
 
 GradTarget = Literal["shared", "fp32_copy", "decoupled"]
-"""Where a gradient goes for the inner optimizer: ``shared``, ``main.grad`` is the model's gradient
-tensor itself (fp32, main shares the model's storage); ``fp32_copy``, ``main.grad`` is an fp32 copy
-of a 16-bit gradient; ``decoupled``, ``main.decoupled_grad`` holds a copy in
-:attr:`ParamMap.decoupled_grad_dtype`, where the precision-aware Adam reads it."""
+"""Where a gradient goes for the inner optimizer: ``shared``, ``main.grad`` is the model's fp32
+gradient tensor itself (copied only where it is laid out otherwise than main); ``fp32_copy``,
+``main.grad`` is an fp32 copy of a 16-bit gradient; ``decoupled``, ``main.decoupled_grad`` holds a
+copy in :attr:`ParamMap.decoupled_grad_dtype`, where the precision-aware Adam reads it."""
 
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 
@@ -72,6 +74,16 @@ class ParamEntry:
     """``main`` shares the model's storage: nothing to copy back after a step."""
     grad_target: GradTarget
     """Where its gradient goes (see :data:`GradTarget`)."""
+    working: bool = False
+    """``main`` is a dense working copy of a param whose memory has gaps (a view such as
+    ``x[..., 0]``; kernels that walk memory, torch's fused ones, cannot step it in place): it is
+    refreshed from the model before every step and copied back after, so the model stays the
+    truth, and checkpoints leave it out."""
+
+    @property
+    def master(self) -> bool:
+        """``main`` holds values the model cannot restore: an fp32 copy of a 16-bit param."""
+        return not self.aliased and not self.working
 
     @property
     def local(self) -> bool:
@@ -99,6 +111,11 @@ class ParamMap:
     def local(self) -> tuple[ParamEntry, ...]:
         """The entries this process steps, in group order."""
         return tuple(entry for entry in self.entries if entry.local)
+
+    @functools.cached_property
+    def working_local(self) -> tuple[ParamEntry, ...]:
+        """The local entries whose main is a working copy (see :attr:`ParamEntry.working`)."""
+        return tuple(entry for entry in self.local if entry.working)
 
     @functools.cached_property
     def plain_local(self) -> tuple[bool, ...]:
@@ -170,8 +187,10 @@ def build_param_map(
 
     The main tensor is an fp32 copy of an fp16/bf16 param under ``fp16``/``bf16``; otherwise,
     and under the precision-aware optimizer (which keeps its own master state), the model param
-    itself. A param sharded by elements is stood for by a flat view of its range (sharing the
-    model's storage), or by an fp32 copy of that range.
+    itself, or, where the param's memory has gaps, a dense working copy of it (the inner
+    optimizers' kernels may walk memory, and the fp32 copies are dense already). A param sharded
+    by elements is stood for by a flat view of its range (sharing the model's storage), or by an
+    fp32 copy of that range.
 
     Args:
         config: The model-wide config: ``fp16``, ``bf16``, ``use_precision_aware_optimizer`` and
@@ -182,7 +201,8 @@ def build_param_map(
         params_have_main_grad: Gradients live in ``param.main_grad`` instead of ``param.grad``.
 
     Raises:
-        ValueError: A param sharded by elements is not contiguous.
+        ValueError: A param's elements share memory (an expanded tensor), or a param sharded by
+            elements is not contiguous.
 
     Example:
         >>> layer = torch.nn.Linear(2, 2).to(torch.bfloat16)
@@ -191,6 +211,12 @@ def build_param_map(
         >>> groups, _ = resolve_group_configs(config, [layer], {})
         >>> [(e.name, e.main.dtype, e.aliased, e.grad_target) for e in build_param_map(config, groups).entries]
         [('weight', torch.float32, False, 'fp32_copy'), ('bias', torch.float32, False, 'fp32_copy')]
+        >>> layer = torch.nn.Linear(2, 3, bias=False)
+        >>> layer.weight = torch.nn.Parameter(torch.zeros(3, 2, 2)[..., 0])  # every other element
+        >>> groups, _ = resolve_group_configs(OptimizerConfig(lr=1.0), [layer], {})
+        >>> entry = build_param_map(OptimizerConfig(lr=1.0), groups).entries[0]
+        >>> entry.working, entry.aliased, entry.main.stride(), entry.model.stride()
+        (True, False, (2, 1), (4, 2))
     """
     precision_aware = config.use_precision_aware_optimizer
     copy_16bit = (config.fp16 or config.bf16) and not precision_aware
@@ -200,10 +226,12 @@ def build_param_map(
             param = routed.param
             local = owned is None or (group.index, position) in owned
             part = None if owned is None else owned.get((group.index, position))
+            _check_no_overlap(param, names[0])
             copied = copy_16bit and param.dtype in LOW_PRECISION
-            main = _main_tensor(param, part, copied, names[0]) if local else None
+            working = part is None and not copied and not isinstance(param, DTensor) and not dense_layout(param)
+            main = _main_tensor(param, part, copied, working, names[0]) if local else None
             target: GradTarget = "decoupled" if precision_aware else "fp32_copy" if copied else "shared"
-            entries.append(ParamEntry(names[0], names, group.index, param, main, part, not copied, target))
+            entries.append(ParamEntry(names[0], names, group.index, param, main, part, not (copied or working), target, working))
     return ParamMap(
         entries=tuple(entries),
         num_groups=len(groups),
@@ -212,15 +240,31 @@ def build_param_map(
     )
 
 
-def _main_tensor(param: torch.Tensor, part: Part, copied: bool, name: str) -> torch.Tensor:
+def _check_no_overlap(param: torch.Tensor, name: str) -> None:
+    """Refuse a param whose elements share memory: no update can give them different values."""
+    if param.is_contiguous():  # the common case, told without stride()
+        return
+    if any(stride == 0 and size > 1 for size, stride in zip(param.shape, param.stride())):
+        raise ValueError(
+            f"`{name}`: elements share memory (a broadcast view, as from expand); got strides "
+            f"{param.stride()} for shape {tuple(param.shape)}; expected a parameter that owns each "
+            "element: make it with .clone() or .contiguous()"
+        )
+
+
+def _main_tensor(param: torch.Tensor, part: Part, copied: bool, working: bool, name: str) -> torch.Tensor:
     if part is not None and not param.is_contiguous():
         raise ValueError(
             f"`{name}`: sharding by elements needs a contiguous parameter; "
             f"got strides {param.stride()}; expected a contiguous tensor"
         )
-    if part is None and not copied:
+    if part is None and not copied and not working:
         return param
     view = part_of(param.detach(), part)
-    main = torch.nn.Parameter(view.to(torch.float32) if copied else view, requires_grad=False)
+    # .to() and .clone() lay a tensor with gaps out densely (torch's preserve_format), and keep
+    # any dense layout (transposed, channels-last) as it is
+    data = view.to(torch.float32) if copied else view.clone() if working else view
+    assert dense_layout(data), "fp32 copies and working copies are dense"
+    main = torch.nn.Parameter(data, requires_grad=False)
     main.__dict__.update(param.__dict__)  # keep routing attributes visible to algorithms
     return main

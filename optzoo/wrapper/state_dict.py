@@ -15,6 +15,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from optzoo._common import shorten
 from optzoo.wrapper.param_map import ParamMap, Part
@@ -59,7 +60,7 @@ def state_dict_of(
         "param_groups": groups,
         "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
         # fp32 main copies of 16-bit params: the model's bf16/fp16 weights cannot restore them.
-        "main_params": {entry.name: mains[entry.name] for entry in param_map.local if not entry.aliased},
+        "main_params": {entry.name: mains[entry.name] for entry in param_map.local if entry.master},
         # Checked at load: state of another shape would be read out of bounds by fused kernels.
         "param_shapes": {entry.name: list(entry.model.shape) for entry in param_map.entries},
     }
@@ -168,8 +169,8 @@ def load_state_dict_(
 
     # A distributed load (DCP) may carry only this rank's main params: each must be there, and
     # none may be for a param that has no fp32 copy here.
-    with_main = {entry.name for entry in param_map.entries if not entry.aliased}
-    local_with_main = {entry.name for entry in param_map.local if not entry.aliased}
+    with_main = {entry.name for entry in param_map.entries if entry.master}
+    local_with_main = {entry.name for entry in param_map.local if entry.master}
     saved_mains = {canonical(n) or n: v for n, v in (state_dict.get("main_params") or {}).items()}
     if not local_with_main <= set(saved_mains) <= with_main:
         raise ValueError(
@@ -179,7 +180,7 @@ def load_state_dict_(
         )
     mains: list[tuple[torch.Tensor, torch.Tensor]] = []
     for entry in param_map.local:
-        if entry.aliased:
+        if not entry.master:
             continue
         saved_main = saved_mains[entry.name]
         if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point():
@@ -334,4 +335,10 @@ def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, A
     # moments and int16 remainders, Muon's fp32 momentum of 16-bit params) goes through the inner
     # optimizer's restore_state instead.
     dtype = param.dtype if value.is_floating_point() and param.is_floating_point() else value.dtype
+    plain = not isinstance(param, DTensor) and not isinstance(value, DTensor)
+    if plain and value.shape == param.shape and value.stride() != param.stride():
+        # Laid out as the param: torch's fused kernels walk param and state in memory order, so a
+        # moment saved from a param of another layout (contiguous, resumed on a transposed one)
+        # would be paired with the wrong elements.
+        return torch.empty_like(param, dtype=dtype).copy_(value)
     return value.to(device=param.device, dtype=dtype, copy=True)
