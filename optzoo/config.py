@@ -254,7 +254,8 @@ class OptimizerConfig:
 
     # ---- Miscellaneous ----------------------------------------------------------------------
     clip_grad: float = 1.0
-    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
+    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed
+    unless ``grad_norm_skip_threshold`` needs it)."""
     grad_norm_skip_threshold: float = math.inf
     """Skip the update when the global L2 norm of the unscaled gradients, before clipping, exceeds
     this: parameters and optimizer state stay unchanged and ``step`` returns ``(False, grad_norm,

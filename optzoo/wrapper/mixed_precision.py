@@ -12,6 +12,9 @@ pass that detects inf/NaN (the scaler sees the result; on inf/NaN return ``(Fals
 with parameters and state untouched); the clip coefficient and loss scale as one factor; zero
 count; inner steps, each applying the factor (in its kernel or one pass); main params to model
 params. ``fold_clip_and_scale=False`` runs Megatron's separate unscale and clip passes instead.
+As in Megatron-Core, the step is two public halves, :meth:`~MixedPrecisionOptimizer.prepare_grads`
+and :meth:`~MixedPrecisionOptimizer.step_with_ready_grads`, with the clip, the zero count and
+``grad_norm_skip_threshold`` between them (:mod:`~optzoo.wrapper.megatron_api`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ class StepOptions:
     """What one step does besides the update (``OptimizerConfig``'s model-wide step fields)."""
 
     clip_grad: float = 0.0
-    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
+    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed
+    unless ``grad_norm_skip_threshold`` needs it)."""
     grad_norm_skip_threshold: float = math.inf
     """Skip the update when the global norm, before clipping, exceeds this (``inf``: never)."""
     log_num_zeros_in_grad: bool = False
@@ -308,13 +312,14 @@ class MixedPrecisionOptimizer(MegatronMethods, torch.optim.Optimizer):
 
         The same update as :meth:`step`, bit for bit, but inf/NaN is handed to the kernels as
         torch's ``found_inf`` tensor, which skips the update inside them (the step counts they
-        advanced are taken back), instead of being read to decide in Python. On a GPU the
-        launch queue then never waits for the device.
+        advanced are taken back), instead of being read to decide in Python; so is a norm over
+        ``grad_norm_skip_threshold``. On a GPU the launch queue then never waits for the device.
 
         Returns:
             ``(update_successful, grad_norm, None)``: a 0-dim bool tensor; the 0-dim float32
-            global norm of the unscaled gradients before clipping when ``clip_grad > 0`` (else
-            ``None``; inf or NaN on a skipped step), both on the params' device.
+            global norm of the unscaled gradients before clipping when ``clip_grad > 0`` or
+            ``grad_norm_skip_threshold`` is finite (else ``None``; inf or NaN on an inf/NaN
+            step), both on the params' device.
 
         Raises:
             ValueError: Something needs the host: an inner optimizer without a device-side skip
