@@ -9,6 +9,7 @@ why, instead of being silently ignored (see ``docs/megatron.md``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -271,7 +272,14 @@ class OptimizerConfig:
 
     # ---- Miscellaneous ----------------------------------------------------------------------
     clip_grad: float = 1.0
-    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
+    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed
+    unless ``grad_norm_skip_threshold`` needs it)."""
+    grad_norm_skip_threshold: float = math.inf
+    """Skip the update when the global L2 norm of the unscaled gradients, before clipping, exceeds
+    this: parameters and optimizer state stay unchanged and ``step`` returns ``(False, grad_norm,
+    num_zeros)``, as Megatron-Core's ``ChainedOptimizer``; the loss scaler counts the step as clean
+    (it saw no inf/NaN). ``inf`` (Megatron-Core's default) never skips; a finite value makes every
+    step compute the norm, even with ``clip_grad=0``."""
     log_num_zeros_in_grad: bool = False
     """Count zero gradient elements at each step (returned by ``step``)."""
     fold_clip_and_scale: bool = True
@@ -318,6 +326,8 @@ class OptimizerConfig:
                 raise _wrong_type(f.name, value, described)
             if not isinstance(value, accepted):
                 raise _wrong_type(f.name, value, described)
+            if f.name in _INF_ALLOWED:
+                continue  # a number, checked in _check_ranges
             if float in accepted and isinstance(value, (int, float)) and not finite_number(value):
                 raise _fail(f.name, "must be finite", value, f"a finite number{' or None' if type(None) in accepted else ''}")
 
@@ -358,6 +368,9 @@ class OptimizerConfig:
             value = getattr(self, field)
             if not value >= 0.0:
                 raise _fail(field, "must be non-negative", value, "a float >= 0")
+        threshold = self.grad_norm_skip_threshold
+        if not (finite_number(threshold) or threshold == math.inf) or not threshold > 0.0:
+            raise _fail("grad_norm_skip_threshold", "must be a finite number > 0, or inf", threshold, "a number > 0, or inf to never skip")
         if not self.adam_eps > 0.0:  # 0 turns a zero gradient element into 0/0
             raise _fail("adam_eps", "must be positive", self.adam_eps, "a float > 0")
         for low, high in (("min_lr", "lr"), ("decoupled_min_lr", "decoupled_lr")):
@@ -483,6 +496,9 @@ _PRECISION_AWARE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "exp_avg_sq_dtype": (torch.float32, torch.bfloat16, torch.float16),
 }
 """Dtypes the precision-aware Adam stores (it always computes in fp32)."""
+
+_INF_ALLOWED: frozenset[str] = frozenset({"grad_norm_skip_threshold"})
+"""Float fields where ``inf`` is a meaningful value (Megatron-Core's default: never skip)."""
 
 _TYPE_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "float": ((int, float), "a number"),

@@ -141,6 +141,7 @@ def get_optimizer(
     param_groups = torch_param_groups(groups, param_map)
     inner = build_inner_optimizers(groups, param_groups)
     optimizer = _wrap(config, inner, param_groups, param_map, group, plans, param_sync, device=groups[0].params[0].param.device)
+    optimizer.config = config  # Megatron-Core's optimizer.config
     _write_dumps(config, groups, routing, dump_param_to_param_group_map)
     return optimizer
 
@@ -232,6 +233,7 @@ def _wrap(
 ) -> MixedPrecisionOptimizer:
     options = StepOptions(
         clip_grad=config.clip_grad,
+        grad_norm_skip_threshold=config.grad_norm_skip_threshold,
         log_num_zeros_in_grad=config.log_num_zeros_in_grad,
         fold_clip_and_scale=config.fold_clip_and_scale,
         timers=config.timers,

@@ -259,6 +259,11 @@ def resolve_group_configs(
         subject = f"param group #{index} (rules {', '.join(f'#{k} {routing.keys[k].describe()}' for k in rules) or 'none'})"
         override = dict(group.override)
         config_fields = {k: v for k, v in override.items() if k in GROUP_FIELDS}
+        if _override_max_lr(override, config, subject) is not None:
+            # max_lr gives the group its own schedule, read from its keys (max_lr, min_lr) as Megatron-Core's
+            # scheduler reads them; its config keeps the base lr, so it keeps the base min_lr too (a min_lr
+            # above the base lr is valid under a higher max_lr).
+            config_fields.pop("min_lr", None)
         try:
             group_config = config.replace(**config_fields)
         except ValueError as error:
@@ -345,6 +350,24 @@ def _takes_view(function: Callable[..., Any]) -> bool:
         return True
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 5 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+
+
+def _override_max_lr(override: Mapping[str, Any], config: OptimizerConfig, subject: str) -> Any | None:
+    """The override's ``max_lr`` (``None`` when it sets none), checked with the group's ``min_lr``.
+
+    A group's schedule runs from its ``max_lr`` down to its ``min_lr`` (Megatron-Core's
+    ``OptimizerParamScheduler`` reads both per group), so ``min_lr`` may exceed the base ``lr``
+    when the group's ``max_lr`` does too (``{min_lr: 10, max_lr: 20}`` over ``lr=0.01``).
+    """
+    if "max_lr" not in override:
+        return None
+    peak = override["max_lr"]
+    if not finite_number(peak) or not peak >= 0:
+        raise ValueError(f"`{subject}`: `max_lr` must be a finite float >= 0; got {show_value(peak)}; expected e.g. 0.0")
+    min_lr = override.get("min_lr", config.min_lr)
+    if finite_number(min_lr) and min_lr > peak:  # the schedule would anneal the lr up to min_lr
+        raise ValueError(f"`{subject}`: `min_lr` must not exceed the group's lr; got min_lr={min_lr!r}, lr={peak!r}; expected min_lr <= lr")
+    return peak
 
 
 def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str, num_chunks: int) -> ResolvedGroup:

@@ -23,7 +23,7 @@ counts every element once, dense or expert: one grad norm and one inf flag for b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -33,7 +33,7 @@ from optzoo.distributed.checkpoint import consolidate
 from optzoo._common import shorten
 from optzoo.distributed.plan import ShardingPlan
 from optzoo.distributed.setup import ExpertLayout
-from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer, StepOptions, StepResult
+from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer, StepOptions
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
 
@@ -112,12 +112,27 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             self._syncs.append((group, one_plan.world_size, layout, buffers))
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
-        """:meth:`MixedPrecisionOptimizer.step` on the owned shards, then every rank gets the params."""
-        result = super().step(closure)
-        if result[0]:
-            self._sync_params()
-        return result
+    def step_with_ready_grads(self) -> bool:
+        """:meth:`MixedPrecisionOptimizer.step_with_ready_grads` on the owned shards, then every
+        rank gets the params (``param_sync``), as Megatron-Core's distributed optimizers sync
+        after their ``step_with_ready_grads``. A collective."""
+        success = super().step_with_ready_grads()
+        self._sync_params()
+        return success
+
+    @torch.no_grad()
+    def allgather_params(self) -> None:
+        """Every rank gets the params their owners hold, by one all-gather of flattened buckets
+        per dtype (Megatron-Core's ``LayerWiseDistributedOptimizer.allgather_params``): the
+        sync a step does with ``param_sync="all_gather"``. A collective."""
+        self._sync_params("all_gather")
+
+    @torch.no_grad()
+    def broadcast_params(self) -> None:
+        """Every rank gets the params their owners hold, by one broadcast per owner rank and
+        dtype (Megatron-Core's ``LayerWiseDistributedOptimizer.broadcast_params``): the sync a
+        step does with ``param_sync="broadcast"``. A collective."""
+        self._sync_params("broadcast")
 
     @torch.no_grad()
     def step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
@@ -128,14 +143,18 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         return result
 
     @torch.no_grad()
-    def _sync_params(self) -> None:
+    def _sync_params(self, how: ParamSync | None = None) -> None:
+        """Send each owner's params to every rank, as ``how`` (default ``param_sync``) says."""
+        how = how or self.param_sync
         for group, world_size, layout, all_buffers in self._syncs:
             if world_size == 1:
                 continue  # the only rank already holds every update
             rank = dist.get_rank(group)
             for dtype, ranks in layout.items():
                 buffers = all_buffers[dtype]
-                if self.param_sync == "all_gather":
+                if how == "all_gather":
+                    if len({b.numel() for b in buffers}) > 1:  # broadcast's buffers are unpadded: pad once
+                        buffers = all_buffers[dtype] = _padded(buffers)
                     _pack(ranks[rank], buffers[rank])
                     dist.all_gather(buffers, buffers[rank], group=group)
                     for other, pieces in enumerate(ranks):
@@ -225,6 +244,12 @@ def _without(saved: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
 
 def _to_cpu(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def _padded(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Buffers of the longest one's length (all-gather needs equal sizes; broadcast reads a prefix)."""
+    length = max(b.numel() for b in buffers)
+    return [torch.empty(length, dtype=b.dtype, device=b.device) for b in buffers]
 
 
 def _pack(pieces: Sequence[Piece], buffer: torch.Tensor) -> None:

@@ -7,8 +7,9 @@ In order (:meth:`optzoo.MixedPrecisionOptimizer.step` calls them as a list, the 
    working copies; :func:`model_grads_to_main_grads`: each model gradient to where its inner
    optimizer reads it;
 2. :func:`norm_and_check`: one norm pass over the still scaled gradients, which detects inf/NaN
-   and gives the clip coefficient; :func:`grad_factors`: coefficient and loss scale as one
-   factor, applied by the inner optimizers (``fold_clip_and_scale``, the default). Megatron's
+   and gives the clip coefficient (:func:`clip_coefficient`); :func:`factors_of`: coefficient and
+   loss scale as one factor, applied by the inner optimizers (``fold_clip_and_scale``, the
+   default). Megatron's
    separate passes instead: :func:`find_inf_and_unscale_` then :func:`clip_by_global_norm_`;
 3. :func:`count_zeros`: zero gradient elements, for logging;
 4. (the inner optimizers step) :func:`main_params_to_model_params`: updated fp32 main params back
@@ -34,8 +35,10 @@ from optzoo.wrapper.scalers import MegatronGradScaler
 __all__ = [
     "clear_grads_",
     "clip_by_global_norm_",
+    "clip_coefficient",
     "clip_needed",
     "count_zeros",
+    "factors_of",
     "find_inf_and_unscale_",
     "global_grad_norm",
     "grad_factors",
@@ -43,6 +46,7 @@ __all__ = [
     "model_grads_to_main_grads",
     "model_params_to_working_copies",
     "norm_and_check",
+    "norm_under_scale",
     "unscaled_norm",
 ]
 
@@ -281,8 +285,21 @@ def unscaled_norm(
 ) -> torch.Tensor:
     """The global norm of the still scaled gradients times ``inv_scale``: a 0-dim float32 tensor
     (float64 for float64 grads), left on the device."""
+    return norm_under_scale(grads, grad_scaler.scale if grad_scaler is not None else None, group, device)
+
+
+def norm_under_scale(
+    grads: list[torch.Tensor], scale: torch.Tensor | None, group: dist.ProcessGroup | None, device: torch.device
+) -> torch.Tensor:
+    """The global norm of gradients that carry the loss scale ``scale`` (``None``: none), unscaled:
+    :func:`unscaled_norm` for a scale already read off the scaler."""
     norm = global_grad_norm(grads, group, device)
-    return (norm * grad_scaler.inv_scale).reshape(()) if grad_scaler is not None else norm.reshape(())
+    return (norm * _inverse(scale)).reshape(()) if scale is not None else norm.reshape(())
+
+
+def _inverse(scale: torch.Tensor) -> torch.Tensor:
+    """``1 / scale`` computed in float64 and cast, as :attr:`MegatronGradScaler.inv_scale` is."""
+    return scale.double().reciprocal().float()
 
 
 def clip_needed(max_norm: float, norm_value: float | None) -> bool:
@@ -297,22 +314,35 @@ def grad_factors(
     """``(multiplier, divisor)``, 0-dim float32 tensors, that bring every gradient to unscaled and
     clipped, or ``None`` when that factor is exactly 1 (no loss scale and ``clip`` False).
 
-    ``multiplier = coefficient / scale`` for a pass over the gradients; ``divisor = scale /
-    coefficient`` for torch's fused kernels, which divide by their ``grad_scale``. With ``clip``
-    the coefficient is Megatron's ``clamp(max_norm / (norm + 1e-6), max=1)``, computed on the
-    device (:meth:`~optzoo.MixedPrecisionOptimizer.step` asks :func:`clip_needed` first;
-    ``step_on_device``, which cannot ask, always clips: a coefficient of exactly 1 changes no bit).
+    :func:`factors_of` the scaler's current scale and, with ``clip``, Megatron's coefficient
+    (:func:`clip_coefficient`; ``step_on_device``, which cannot ask :func:`clip_needed` first,
+    always clips: a coefficient of exactly 1 changes no bit).
     """
-    if grad_scaler is None and not clip:
-        return None
-    if not clip:
-        assert grad_scaler is not None
-        return grad_scaler.inv_scale.reshape(()), grad_scaler.scale.reshape(())
-    assert norm is not None
-    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0).reshape(())
-    if grad_scaler is None:
+    coefficient = None
+    if clip:
+        assert norm is not None
+        coefficient = clip_coefficient(norm, max_norm)
+    return factors_of(grad_scaler.scale if grad_scaler is not None else None, coefficient)
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Megatron's clip coefficient ``clamp(max_norm / (norm + 1e-6), max=1)``, 0-dim, on the device."""
+    return torch.clamp(max_norm / (norm + 1e-6), max=1.0).reshape(())
+
+
+def factors_of(scale: torch.Tensor | None, coefficient: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(multiplier, divisor)`` for gradients that carry the loss scale ``scale`` and are still to be
+    clipped by ``coefficient`` (either ``None``: none), or ``None`` when the factor is exactly 1.
+
+    ``multiplier = coefficient / scale`` for a pass over the gradients; ``divisor = scale /
+    coefficient`` for torch's fused kernels, which divide by their ``grad_scale``. The scale is the
+    one the gradients were scaled by, read before the scaler updates (a dynamic scaler may grow).
+    """
+    if coefficient is None:
+        return None if scale is None else (_inverse(scale).reshape(()), scale.reshape(()))
+    if scale is None:
         return coefficient, coefficient.double().reciprocal().float()
-    return (grad_scaler.inv_scale * coefficient).reshape(()), (grad_scaler.scale / coefficient).reshape(())
+    return (_inverse(scale) * coefficient).reshape(()), (scale / coefficient).reshape(())
 
 
 def clip_by_global_norm_(grads: list[torch.Tensor], max_norm: float, norm: torch.Tensor, norm_value: float) -> float:

@@ -13,11 +13,15 @@ pass that detects inf/NaN (the scaler sees the result; on inf/NaN return ``(Fals
 with parameters and state untouched); the clip coefficient and loss scale as one factor; zero
 count; inner steps, each applying the factor (in its kernel or one pass); main params to model
 params. ``fold_clip_and_scale=False`` runs Megatron's separate unscale and clip passes instead.
+As in Megatron-Core, the step is two public halves, :meth:`~MixedPrecisionOptimizer.prepare_grads`
+and :meth:`~MixedPrecisionOptimizer.step_with_ready_grads`, with the clip, the zero count and
+``grad_norm_skip_threshold`` between them (:mod:`~optzoo.wrapper.megatron_api`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,7 @@ from optzoo._common import local_shard
 from optzoo.optimizers._checked import KeepsSettingsOptimizer
 
 from optzoo.wrapper import grad_stages
+from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
 from optzoo.wrapper.state_dict import load_state_dict_, state_dict_of
@@ -51,7 +56,10 @@ class StepOptions:
     """What one step does besides the update (``OptimizerConfig``'s model-wide step fields)."""
 
     clip_grad: float = 0.0
-    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed)."""
+    """Clip gradients to this global L2 norm; 0 disables clipping (and the norm is not computed
+    unless ``grad_norm_skip_threshold`` needs it)."""
+    grad_norm_skip_threshold: float = math.inf
+    """Skip the update when the global norm, before clipping, exceeds this (``inf``: never)."""
     log_num_zeros_in_grad: bool = False
     """Count zero gradient elements (returned by ``step``)."""
     fold_clip_and_scale: bool = True
@@ -64,7 +72,7 @@ class StepOptions:
     """Pass ``barrier=True`` to those timers."""
 
 
-class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
+class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
     """Several torch optimizers over main parameters, behind one ``torch.optim.Optimizer`` face.
 
     Built by :func:`optzoo.get_optimizer`; ``param_groups`` are the inner optimizers' real
@@ -146,12 +154,27 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
         return loss * self.get_loss_scale()
 
     @torch.no_grad()
-    def reload_model_params(self) -> None:
+    def reload_model_params(self, state_dict: Mapping[str, Any] | None = None) -> None:
         """Refresh the main params from the model (after loading weights without the optimizer).
 
         Covers fp32 main copies here and master weights an inner optimizer keeps in its state
         (the precision-aware Adam's ``reload_master_weights_``).
+
+        Args:
+            state_dict: Megatron-Core's argument (its distributed optimizer's behaviour): a model
+                state dict, flat or as ``{"model": ...}`` / ``{"model0": ..., "model1": ...}``,
+                whose tensors, matched by parameter name, set the main params instead of the
+                model params: more accurate when it holds 16-bit params' weights in fp32. An fp32
+                param, its own main param, takes its tensor too. Default: the model params.
+
+        Raises:
+            ValueError: A param has no tensor in ``state_dict`` (or several, or one of another
+                shape), or ``state_dict`` is given under the precision-aware optimizer or for
+                FSDP2 params. Nothing changes.
         """
+        if state_dict is not None:
+            self._reload_from_(state_dict)
+            return
         for entry in self.param_map.local:
             if not entry.aliased:
                 assert entry.main is not None  # local entries have one
@@ -185,7 +208,12 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
-        """One optimizer step; skipped (nothing changes) when a gradient is inf or NaN.
+        """One optimizer step; skipped (nothing changes) when a gradient is inf or NaN, or the
+        global norm exceeds ``grad_norm_skip_threshold``.
+
+        Megatron-Core's step: :meth:`prepare_grads`, then the global norm and the clip, the zero
+        count, the threshold check, and :meth:`step_with_ready_grads`; the same numbers, bit for
+        bit, as calling those (with :meth:`clip_grad_norm`) yourself.
 
         Args:
             closure: Optional; re-evaluates the model (run with gradients enabled first).
@@ -199,9 +227,12 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
 
         Returns:
             ``(update_successful, grad_norm, num_zeros_in_grad)``, Python values:
-            ``(False, None, None)`` on a skipped step; the global norm of the unscaled gradients
-            before clipping when ``clip_grad > 0`` (else ``None``); the count of zero gradient
-            elements when ``log_num_zeros_in_grad`` (else ``None``).
+            ``(False, None, None)`` on an inf/NaN step; ``grad_norm``, the global norm of the
+            unscaled gradients before clipping, when ``clip_grad > 0`` or
+            ``grad_norm_skip_threshold`` is finite (else ``None``); the count of zero gradient
+            elements when ``log_num_zeros_in_grad`` (else ``None``). A step skipped by the
+            threshold returns ``(False, grad_norm, num_zeros_in_grad)``, as Megatron-Core's
+            ``ChainedOptimizer``.
 
         Raises:
             ValueError: A gradient is sparse, or missing ``main_grad`` (nothing changes).
@@ -209,31 +240,73 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        group, device = self.process_group, self._one.device
-        with self._timed("optimizer-copy-to-main-grad"):
-            grads = self._to_mains()
-        clipping = self.options.clip_grad > 0.0 and bool(grads or group is not None)
-        if not self.options.fold_clip_and_scale:
-            return self._step_in_passes(grads, clipping)
-        with self._timed("optimizer-unscale-and-check-inf"):
-            found_inf, norm, norm_value = grad_stages.norm_and_check(grads, self.grad_scaler, group, device)
-        if self.grad_scaler is not None:
-            self.grad_scaler.update(found_inf)
-        if found_inf:
+        if self.prepare_grads():
             return False, None, None
-        with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
-            max_norm = self.options.clip_grad
-            factors = grad_stages.grad_factors(norm, self.grad_scaler, max_norm, clip=clipping and grad_stages.clip_needed(max_norm, norm_value))
+        ready = self._ready
+        assert ready is not None  # prepare_grads leaves it
+        clip_grad = self.options.clip_grad
+        if clip_grad > 0.0 and ready.norm is not None:
+            assert ready.norm_value is not None  # read with the norm
+            with self._timed("optimizer-clip-main-grad"):
+                self._clip_(ready, clip_grad, ready.norm, ready.norm_value)
         num_zeros: int | None = None
         if self.options.log_num_zeros_in_grad:  # zeros stay zeros under the positive factor
             with self._timed("optimizer-count-zeros"):
-                num_zeros = grad_stages.count_zeros(grads, group, device)
+                num_zeros = self.count_zeros()
+        grad_norm = ready.norm_value if self._needs_norm() else None
+        if self._over_threshold(ready.norm_value):
+            return False, grad_norm, num_zeros
+        return self.step_with_ready_grads(), grad_norm, num_zeros
+
+    @torch.no_grad()
+    def prepare_grads(self) -> bool:
+        """Model grads to main grads, unscale, and check for inf/NaN on every rank; returns whether
+        one was found (Megatron-Core's ``prepare_grads``). The loss scaler is updated here.
+
+        Under ``fold_clip_and_scale`` (the default) the unscale is not applied to the gradients
+        but carried, with any :meth:`clip_grad_norm`, into :meth:`step_with_ready_grads`, which
+        applies it inside the inner optimizers' kernels; :meth:`get_grad_norm` and
+        :meth:`count_zeros` account for it. ``False``: the gradients are unscaled in place, as
+        in Megatron-Core.
+
+        Raises:
+            ValueError: A gradient is sparse, or missing ``main_grad`` (nothing changes).
+        """
+        group, device = self.process_group, self._one.device
+        with self._timed("optimizer-copy-to-main-grad"):
+            grads = self._to_mains()
+        scale = self.grad_scaler.scale if self.grad_scaler is not None else None  # before the update
+        deferred = self.options.fold_clip_and_scale
+        with self._timed("optimizer-unscale-and-check-inf"):
+            if deferred:
+                found_inf, norm, norm_value = grad_stages.norm_and_check(grads, self.grad_scaler, group, device)
+            else:
+                found_inf, norm, norm_value = grad_stages.find_inf_and_unscale_(
+                    grads, self.grad_scaler, self._found_inf, group, with_norm=self._needs_norm()
+                )
+        if self.grad_scaler is not None:
+            self.grad_scaler.update(found_inf)
+        self._ready = ReadyGrads(grads, deferred, scale if deferred else None, norm, norm_value)
+        return found_inf
+
+    @torch.no_grad()
+    def step_with_ready_grads(self) -> bool:
+        """Step every inner optimizer on the main grads, then copy main params to model params;
+        returns ``True`` (Megatron-Core's ``step_with_ready_grads``). What :meth:`prepare_grads`
+        and :meth:`clip_grad_norm` left to apply (the unscale and the clip under
+        ``fold_clip_and_scale``) is applied here; without them the gradients are stepped as they are."""
+        ready, self._ready = self._ready, None
+        factors = ready.factors() if ready is not None else None
         with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             for opt, takes_grad_scale, params in zip(self.optimizers, self._takes_grad_scale, self._params_of, strict=True):
                 self._inner_step(opt, takes_grad_scale, params, factors)
         with self._timed("optimizer-copy-main-to-model-params"):
             grad_stages.main_params_to_model_params(self.param_map)
-        return True, norm_value if clipping else None, num_zeros
+        return True
+
+    def _needs_norm(self) -> bool:
+        """Whether a step computes the global norm: to clip, or to compare with the threshold."""
+        return self.options.clip_grad > 0.0 or math.isfinite(self.options.grad_norm_skip_threshold)
 
     @torch.no_grad()
     def step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
@@ -241,13 +314,14 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
 
         The same update as :meth:`step`, bit for bit, but inf/NaN is handed to the kernels as
         torch's ``found_inf`` tensor, which skips the update inside them (the step counts they
-        advanced are taken back), instead of being read to decide in Python. On a GPU the
-        launch queue then never waits for the device.
+        advanced are taken back), instead of being read to decide in Python; so is a norm over
+        ``grad_norm_skip_threshold``. On a GPU the launch queue then never waits for the device.
 
         Returns:
             ``(update_successful, grad_norm, None)``: a 0-dim bool tensor; the 0-dim float32
-            global norm of the unscaled gradients before clipping when ``clip_grad > 0`` (else
-            ``None``; inf or NaN on a skipped step), both on the params' device.
+            global norm of the unscaled gradients before clipping when ``clip_grad > 0`` or
+            ``grad_norm_skip_threshold`` is finite (else ``None``; inf or NaN on an inf/NaN
+            step), both on the params' device.
 
         Raises:
             ValueError: Something needs the host: an inner optimizer without a device-side skip
@@ -265,7 +339,7 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
             return torch.ones((), dtype=torch.bool, device=device), None, None
         with self._timed("optimizer-unscale-and-check-inf"):
             norm = grad_stages.unscaled_norm(grads, self.grad_scaler, group, device)
-            found_inf = torch.isfinite(norm).logical_not().to(torch.float32)
+            found_inf = self._skip_on_device(norm)
         with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
             factors = grad_stages.grad_factors(norm, self.grad_scaler, self.options.clip_grad, clip=clipping)
             divisor = factors[1] if factors is not None else self._one.reshape(())
@@ -275,7 +349,7 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
                     opt.step()
         with self._timed("optimizer-copy-main-to-model-params"):
             grad_stages.main_params_to_model_params(self.param_map)  # a skipped step copies the same values
-        return found_inf == 0, norm if clipping else None, None
+        return found_inf == 0, norm if self._needs_norm() else None, None
 
     def _check_step_on_device(self) -> None:
         from optzoo.wrapper.scalers import ConstantGradScaler
@@ -323,38 +397,12 @@ class MixedPrecisionOptimizer(KeepsSettingsOptimizer):
                 torch._foreach_mul_(grads, factors[0])
             opt.step()
 
-    def _step_in_passes(self, grads: list[torch.Tensor], clipping: bool) -> StepResult:
-        """Megatron's order of separate passes: unscale and check, clip, step (``fold_clip_and_scale=False``)."""
-        group, device = self.process_group, self._one.device
-        with self._timed("optimizer-unscale-and-check-inf"):
-            found_inf, norm, norm_value = grad_stages.find_inf_and_unscale_(
-                grads, self.grad_scaler, self._found_inf, group, with_norm=clipping
-            )
-        if self.grad_scaler is not None:
-            self.grad_scaler.update(found_inf)
-        if found_inf:
-            return False, None, None
-        grad_norm: float | None = None
-        if clipping:
-            assert norm is not None and norm_value is not None  # computed with_norm
-            with self._timed("optimizer-clip-main-grad"):
-                grad_norm = grad_stages.clip_by_global_norm_(grads, self.options.clip_grad, norm, norm_value)
-        num_zeros: int | None = None
-        if self.options.log_num_zeros_in_grad:
-            with self._timed("optimizer-count-zeros"):
-                num_zeros = grad_stages.count_zeros(grads, group, device)
-        with self._timed("optimizer-inner-step"), _without_global_step_hooks():
-            for opt in self.optimizers:
-                opt.step()
-        with self._timed("optimizer-copy-main-to-model-params"):
-            grad_stages.main_params_to_model_params(self.param_map)
-        return True, grad_norm, num_zeros
-
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear model grads and main grads (and ``main_grad`` buffers)."""
         super().zero_grad(set_to_none)
         grad_stages.clear_grads_(self.param_map, set_to_none)
+        self._ready = None
 
     # ---- state dict ----------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ MEGATRON_DEFAULTS = {
     "optimizer_cpu_offload": False, "optimizer_offload_fraction": 0.0,
     "use_torch_optimizer_for_cpu_offload": False, "overlap_cpu_optimizer_d2h_h2d": False,
     "pin_cpu_grads": True, "pin_cpu_params": True, "offload_optimizer_states": False, "clip_grad": 1.0,
+    "grad_norm_skip_threshold": float("inf"),
     "log_num_zeros_in_grad": False, "barrier_with_L1_time": False, "timers": None,
     "config_logger_dir": "", "optimizer_cuda_graph": False,
 }  # fmt: skip
