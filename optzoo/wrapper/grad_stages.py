@@ -65,6 +65,14 @@ def _model_grad(entry: ParamEntry, param_map: ParamMap) -> torch.Tensor | None:
                 f"`{entry.name}`: main_grad does not fit the parameter; got {got}; "
                 f"expected a floating tensor of shape {tuple(entry.model.shape)}"
             )
+        main = entry.main
+        if entry.grad_target == "shared" and main is not None and grad.dtype != main.dtype:
+            # "shared": the buffer becomes main.grad itself, which torch requires in main's dtype
+            raise ValueError(
+                f"`{entry.name}`: main_grad dtype does not match the parameter it is stepped on; got a {grad.dtype} "
+                f"main_grad for a {main.dtype} parameter; expected {main.dtype} (torch steps a gradient in its "
+                "parameter's dtype)"
+            )
     else:
         grad = entry.model.grad
     if grad is not None and grad.is_sparse:
@@ -397,6 +405,15 @@ def main_params_to_model_params(param_map: ParamMap) -> None:
         torch._foreach_copy_(models, mains)
 
 
+def _had_grad(entry: ParamEntry) -> bool:
+    """Whether the last step copied a model gradient for this entry and released the model's."""
+    main = entry.main
+    if main is None:
+        return False
+    copied = getattr(main, "decoupled_grad", None) if entry.grad_target == "decoupled" else main.grad if main is not entry.model else None
+    return copied is not None
+
+
 def clear_grads_(param_map: ParamMap, set_to_none: bool) -> None:
     """Clear what the inner optimizers' ``zero_grad`` does not reach: 16-bit model grads, the
     ``main_grad`` buffers and the precision-aware Adam's ``decoupled_grad``."""
@@ -404,6 +421,11 @@ def clear_grads_(param_map: ParamMap, set_to_none: bool) -> None:
         model, main = entry.model, entry.main
         if not entry.aliased and model.grad is not None:
             model.grad = None if set_to_none else model.grad.zero_()
+        elif not set_to_none and param_map.grad_source == "grad" and model.grad is None and _had_grad(entry):
+            # The step released this model grad after copying it (fp32 copies, decoupled grads):
+            # torch's zero_grad(set_to_none=False) leaves a zero gradient, which the next step
+            # steps (weight decay, momentum) as fp32 params are stepped.
+            model.grad = torch.zeros_like(model)
         main_grad = getattr(model, "main_grad", None) if param_map.grad_source == "main_grad" else None
         if main_grad is not None:
             main_grad.zero_()

@@ -107,6 +107,9 @@ class ParamMap:
     decoupled_grad_dtype: torch.dtype | None = None
     """Dtype of ``main.decoupled_grad`` for the ``decoupled`` target (precision-aware Adam)."""
 
+    def __post_init__(self) -> None:
+        self.built_for  # noqa: B018 - recorded now, while the model is as the map is built for
+
     @functools.cached_property
     def local(self) -> tuple[ParamEntry, ...]:
         """The entries this process steps, in group order."""
@@ -135,6 +138,32 @@ class ParamMap:
     def _by_name(self) -> dict[str, ParamEntry]:
         return {name: entry for entry in self.entries for name in entry.names}
 
+    @functools.cached_property
+    def built_for(self) -> list[tuple[torch.dtype, torch.device, torch.Size]]:
+        """Each entry's model param as the map was built for it: dtype, device, shape."""
+        return [(e.model.dtype, e.model.device, e.model.shape) for e in self.entries]
+
+    def check_model_unchanged(self) -> None:
+        """Refuse a model cast or moved after the map was built (``model.to(torch.bfloat16)``,
+        ``.double()``, ``.to(device)``, ``param.data = ...`` of another dtype or shape): the main
+        params, fp32 copies and optimizer state were made for the old dtype, device and shape, so
+        stepping would fail inside torch midway or step stale copies. One comparison per param.
+
+        Raises:
+            ValueError: Naming the first param that changed, what it was and what it is.
+        """
+        now = [(e.model.dtype, e.model.device, e.model.shape) for e in self.entries]
+        if now == self.built_for:
+            return
+        changed = [(e, was, got) for e, was, got in zip(self.entries, self.built_for, now) if was != got]
+        entry, was, got = changed[0]
+        more = f" (and {len(changed) - 1} more params)" if len(changed) > 1 else ""
+        raise ValueError(
+            f"`{entry.name}`: the model param changed after get_optimizer{more}; got {_layout(got)}; expected "
+            f"{_layout(was)}, as the optimizer was built for: cast or move the model before get_optimizer "
+            "and call get_optimizer again (the optimizer state keeps the old dtype and device)"
+        )
+
     def entry(self, name: str) -> ParamEntry | None:
         """The entry called ``name`` (any of its tied names), or ``None``."""
         return self._by_name.get(name)
@@ -156,6 +185,11 @@ class ParamMap:
     def aliases(self) -> dict[str, tuple[str, ...]]:
         """``{name: every name}`` for the params that have more than one name (tied weights)."""
         return {entry.name: entry.names for entry in self.entries if len(entry.names) > 1}
+
+
+def _layout(layout: tuple[torch.dtype, torch.device, torch.Size]) -> str:
+    dtype, device, shape = layout
+    return f"{dtype} on {device}, shape {tuple(shape)}"
 
 
 def check_param_dtypes(config: OptimizerConfig, groups: Sequence[ResolvedGroup]) -> None:
