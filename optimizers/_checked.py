@@ -3,8 +3,9 @@ closure handled once."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, overload, override
 
 import torch
@@ -17,6 +18,32 @@ _HOOK_DICTS = frozenset(
         "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks",
     }
 )  # fmt: skip
+
+
+# Every device type torch's autocast has a switch for (torch.amp.autocast_mode: is_autocast_available
+# answers for these names), and the custom backend's own name.
+_AUTOCAST_DEVICE_TYPES = tuple(
+    dict.fromkeys(("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia", torch._C._get_privateuse1_backend_name()))
+)
+
+
+@contextlib.contextmanager
+def autocast_disabled() -> Iterator[None]:
+    """Turn off ``torch.autocast`` for every device type while an optimizer steps.
+
+    An optimizer's arithmetic is its own: a step called inside the caller's autocast region (a
+    training loop that wraps forward, backward and step in one ``with``) would otherwise run its
+    matmuls (Newton-Schulz, SOAP's rotations) in bf16/fp16 and its linspace/eigh in other dtypes.
+    Entered only for the device types whose autocast is on, so the common case costs ten flag reads.
+    """
+    active = [device for device in _AUTOCAST_DEVICE_TYPES if torch.is_autocast_enabled(device)]
+    if not active:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for device in active:
+            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+        yield
 
 
 class KeepsSettingsOptimizer(torch.optim.Optimizer):
@@ -60,7 +87,7 @@ class CheckedGroupsOptimizer(KeepsSettingsOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        with torch.no_grad():
+        with torch.no_grad(), autocast_disabled():  # the update computes as outside any autocast region
             self._update()
         return loss
 

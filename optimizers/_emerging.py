@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._checked import KeepsSettingsOptimizer
+from ._checked import KeepsSettingsOptimizer, autocast_disabled
 from .newton_schulz import preserved_matmul_precision
 
 _MISSING = (
@@ -50,14 +50,20 @@ def _keeping_contract(upstream: type[torch.optim.Optimizer]) -> type[torch.optim
     finds it, through :func:`__getattr__`): a copy or pickle keeps its instance settings
     (:class:`KeepsSettingsOptimizer`; upstream keeps e.g. ``weight_decay_method`` there), and a step
     leaves torch's float32 matmul settings as found (:func:`preserved_matmul_precision`; SOAP sets
-    the precision and restores it in a way that changes the per-backend flags)."""
+    the precision and restores it in a way that changes the per-backend flags), and a step computes
+    as outside any autocast region (:func:`autocast_disabled`)."""
 
     class Keeping(KeepsSettingsOptimizer, upstream):  # type: ignore[valid-type, misc]  # untyped upstream
         __doc__ = upstream.__doc__
 
         def step(self, closure: Any = None) -> Any:
-            with preserved_matmul_precision():
-                return super().step(closure)
+            loss = None
+            if closure is not None:  # the closure's forward runs under the caller's autocast, as in torch
+                with torch.enable_grad():
+                    loss = closure()
+            with preserved_matmul_precision(), autocast_disabled():  # upstream's linspace/eigh fail under autocast
+                super().step(None)
+            return loss
 
     Keeping.__name__ = Keeping.__qualname__ = upstream.__name__
     Keeping.__module__ = __name__

@@ -111,6 +111,13 @@ class OptimizerSpec:
     matrix_views: bool = False
     """It steps each param as the matrices its forward multiplies by (blocks and orientation: the
     group's ``matrix_views``, from the roles record), not as its stored shape says."""
+    verified_step: bool = False
+    """Finite gradients can still make its update non-finite, or make it raise midway (SOAP: its
+    float32 Kronecker factors ``G·Gᵀ`` and their eigendecompositions overflow or fail to converge
+    for gradients around 1e16 when nothing clips them). The wrapper steps it first, as a
+    transaction: params and state are kept, the result checked, and everything put back and the
+    step reported as skipped when it is not finite. Costs a copy of its state per step (small next
+    to its O(n³) eigendecompositions)."""
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
@@ -376,6 +383,7 @@ def _matrix_only(
     group_options: Callable[[Mapping[str, Any]], dict[str, Any]],
     build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer],
     matrix_views: bool = False,
+    verified_step: bool = False,
 ) -> OptimizerSpec:
     """A record for a matrix algorithm that hands everything else to ``muon_scalar_optimizer``,
     as Megatron-Core routes Muon's and SOAP's non-matrix and embedding params to Adam."""
@@ -393,6 +401,7 @@ def _matrix_only(
         build=build,
         place=place,
         fallback_field="muon_scalar_optimizer",
+        verified_step=verified_step,
         declines_what=_DECLINES,
         matrix_views=matrix_views,
     )
@@ -416,6 +425,7 @@ register(
             "betas": (c["adam_beta1"], c["adam_beta2"]), "eps": c["adam_eps"], "shampoo_beta": c["soap_shampoo_beta"],
         },  # fmt: skip
         build=_build_soap,
+        verified_step=True,  # its eigendecompositions of G·Gᵀ overflow float32 for finite grads ~1e16
     )
 )
 

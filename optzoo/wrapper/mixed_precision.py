@@ -571,7 +571,7 @@ def _complete_momentum_buffers_(optimizers: Sequence[torch.optim.Optimizer], *, 
                 if len(without) == len(stepped) and not on_device:
                     continue  # torch's own first step: every buffer starts as the gradient
                 names = group.get("param_names") or []
-                first = group["params"].index(without[0])
+                first = next(i for i, p in enumerate(group["params"]) if p is without[0])
                 where = f"`{names[first]}`" if first < len(names) else f"param group #{index}"
                 raise ValueError(
                     f"{where}: SGD with dampening has no momentum buffer yet while "
@@ -581,6 +581,7 @@ def _complete_momentum_buffers_(optimizers: Sequence[torch.optim.Optimizer], *, 
                 )
             missing += [(opt.state[p], p) for p in without]
     for state, param in missing:
+        assert param.grad is not None  # only params with a gradient are missing a buffer
         state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
 
 
