@@ -217,8 +217,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> StepResult:  # type: ignore[override]
-        """One optimizer step; skipped (nothing changes) when a gradient is inf or NaN, or the
-        global norm exceeds ``grad_norm_skip_threshold``.
+        """One optimizer step; skipped (nothing changes) when a gradient is inf or NaN, the
+        global norm exceeds ``grad_norm_skip_threshold``, or an optimizer stepped as a transaction
+        (SOAP, the registry's ``verified_step``) gives a non-finite result from finite gradients.
+
+        The step computes as outside any ``torch.autocast`` region the caller is in (the closure
+        still runs under it: it is the caller's forward).
 
         Megatron-Core's step: :meth:`prepare_grads`, then the global norm and the clip, the zero
         count, the threshold check, and :meth:`step_with_ready_grads`; the same numbers, bit for
@@ -241,10 +245,13 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             ``grad_norm_skip_threshold`` is finite (else ``None``); the count of zero gradient
             elements when ``log_num_zeros_in_grad`` (else ``None``). A step skipped by the
             threshold returns ``(False, grad_norm, num_zeros_in_grad)``, as Megatron-Core's
-            ``ChainedOptimizer``.
+            ``ChainedOptimizer``; so does a transaction that failed (the loss scaler has already
+            counted the step as one without inf/NaN).
 
         Raises:
-            ValueError: A gradient is sparse, or missing ``main_grad`` (nothing changes).
+            ValueError: A gradient is sparse, missing ``main_grad``, or a ``main_grad`` of another
+                dtype than the fp32 param it is stepped on; or the model was cast or moved after
+                ``get_optimizer`` (nothing changes).
         """
         if closure is not None:
             with torch.enable_grad():
@@ -309,7 +316,9 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
     @torch.no_grad()
     def step_with_ready_grads(self) -> bool:
         """Step every inner optimizer on the main grads, then copy main params to model params;
-        returns ``True`` (Megatron-Core's ``step_with_ready_grads``). What :meth:`prepare_grads`
+        returns ``True`` (Megatron-Core's ``step_with_ready_grads``), or ``False`` when an inner
+        optimizer stepped as a transaction (the registry's ``verified_step``: SOAP) gave a
+        non-finite result or failed to decompose, with every param and all state as before. What :meth:`prepare_grads`
         and :meth:`clip_grad_norm` left to apply (the unscale and the clip under
         ``fold_clip_and_scale``) is applied here; without them the gradients are stepped as they are."""
         ready, self._ready = self._ready, None
@@ -340,8 +349,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             for opt, takes_grad_scale, params, verified in inner:
                 if verified:
                     self._inner_step(opt, takes_grad_scale, params, factors)
-        except RuntimeError:  # torch.linalg.LinAlgError among them: a decomposition that did not converge
+        except torch._C._LinAlgError:  # torch.linalg.LinAlgError: a decomposition that did not converge on overflowed factors
             failed = True
+        except BaseException:  # anything else is not a numerical fault: raised, with nothing changed
+            for opt, snapshot in kept:
+                _restore_(opt, snapshot)
+            raise
         flag = torch.tensor([1.0 if failed else 0.0], device=self._one.device)
         if not failed:
             results = [t for opt, snapshot in kept for t in _tensors_of(opt, snapshot)]
