@@ -50,6 +50,8 @@ __all__ = [
     "StepResult",
 ]
 
+_LINALG_ERROR: type[Exception] = getattr(torch.linalg, "LinAlgError")  # untyped in torch's stubs
+
 StepResult = tuple[bool, float | None, int | None]
 """``(update_successful, grad_norm, num_zeros_in_grad)``, as Megatron-Core's ``step``."""
 
@@ -349,7 +351,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             for opt, takes_grad_scale, params, verified in inner:
                 if verified:
                     self._inner_step(opt, takes_grad_scale, params, factors)
-        except torch._C._LinAlgError:  # torch.linalg.LinAlgError: a decomposition that did not converge on overflowed factors
+        except _LINALG_ERROR:  # a decomposition that did not converge on overflowed factors
             failed = True
         except BaseException:  # anything else is not a numerical fault: raised, with nothing changed
             for opt, snapshot in kept:
