@@ -425,3 +425,16 @@ def test_a_main_grad_of_another_dtype_on_an_fp32_param_is_named_before_anything_
     ):
         optimizer.step()
     assert _same(_params(model), before) and _same(_state(optimizer), before_state)
+
+
+def test_item8_a_model_moved_to_another_device_after_get_optimizer_is_refused_by_name() -> None:
+    """``.to(device)`` on any machine: the meta device stands for the other device."""
+    model = Two()
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, lint=False)
+    _set(model, _grads(model, 0))
+    assert optimizer.step()[0] is True
+    before_state = _state(optimizer)
+    model.to("meta")
+    with pytest.raises(ValueError, match=r"^`a.weight`: the model param changed after get_optimizer \(and 3 more params\); got torch.float32 on meta, shape \(6, 8\); expected torch.float32 on cpu"):
+        optimizer.step()
+    assert _same(_state(optimizer), before_state)
