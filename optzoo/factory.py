@@ -137,7 +137,7 @@ def get_optimizer(
         owned = plans.plan.parts_owned_by(dist.get_rank(group))
         if plans.expert_plan is not None and plans.expert_layout is not None:
             owned |= plans.expert_plan.parts_owned_by(dist.get_rank(plans.expert_layout.group))
-    param_map = build_param_map(config, groups, owned=owned, params_have_main_grad=params_have_main_grad)
+    param_map = build_param_map(config, groups, owned=owned, params_have_main_grad=params_have_main_grad, model_chunks=chunks)
     param_groups = torch_param_groups(groups, param_map)
     inner = build_inner_optimizers(groups, param_groups)
     optimizer = _wrap(config, inner, param_groups, param_map, group, plans, param_sync, device=groups[0].params[0].param.device)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -106,6 +106,9 @@ class ParamMap:
     grad_source: GradSource = "grad"
     decoupled_grad_dtype: torch.dtype | None = None
     """Dtype of ``main.decoupled_grad`` for the ``decoupled`` target (precision-aware Adam)."""
+    holders: tuple[tuple[dict[str, Any], str] | None, ...] = ()
+    """Per entry (when built from modules): its module's ``_parameters`` and its key there, where
+    the model keeps the param; a cast that makes new Parameter objects is seen there."""
 
     def __post_init__(self) -> None:
         self.built_for  # noqa: B018 - recorded now, while the model is as the map is built for
@@ -153,8 +156,21 @@ class ParamMap:
             ValueError: Naming the first param that changed, what it was and what it is.
         """
         now = [(e.model.dtype, e.model.device, e.model.shape) for e in self.entries]
-        if now == self.built_for:
+        holders = self.holders
+        replaced = [e for e, h in zip(self.entries, holders) if h is not None and h[0].get(h[1]) is not e.model]
+        if now == self.built_for and not replaced:
             return
+        if replaced:
+            entry, holder = replaced[0], holders[self.entries.index(replaced[0])]
+            assert holder is not None
+            new = holder[0].get(holder[1])
+            found = _layout((new.dtype, new.device, new.shape)) if isinstance(new, torch.Tensor) else type(new).__name__
+            more = f" (and {len(replaced) - 1} more params)" if len(replaced) > 1 else ""
+            raise ValueError(
+                f"`{entry.name}`: the model param was replaced by a new object after get_optimizer{more} (as "
+                f".to('meta'), to_empty() or assigning the attribute do); got {found}; expected the param the optimizer "
+                "was built for: call get_optimizer again with the model as it is now"
+            )
         changed = [(e, was, got) for e, was, got in zip(self.entries, self.built_for, now) if was != got]
         entry, was, got = changed[0]
         more = f" (and {len(changed) - 1} more params)" if len(changed) > 1 else ""
@@ -216,6 +232,7 @@ def build_param_map(
     *,
     owned: Mapping[tuple[int, int], Part] | None = None,
     params_have_main_grad: bool = False,
+    model_chunks: Sequence[torch.nn.Module] | None = None,
 ) -> ParamMap:
     """Decide, once, what each param's main tensor is and where its gradient goes.
 
@@ -233,6 +250,8 @@ def build_param_map(
         owned: The params this rank steps, by ``(group index, position in group)``, each with
             its element range (``None``: whole). Default: every param, whole (one process).
         params_have_main_grad: Gradients live in ``param.main_grad`` instead of ``param.grad``.
+        model_chunks: The modules ``groups`` were routed from; each param's place in them is kept,
+            so :meth:`ParamMap.check_model_unchanged` sees a param replaced by a new object.
 
     Raises:
         ValueError: A param's elements share memory (an expanded tensor), or a param sharded by
@@ -255,6 +274,7 @@ def build_param_map(
     precision_aware = config.use_precision_aware_optimizer
     copy_16bit = (config.fp16 or config.bf16) and not precision_aware
     entries: list[ParamEntry] = []
+    holders: list[tuple[dict[str, Any], str] | None] = []
     for group in groups:
         for position, (routed, names) in enumerate(zip(group.params, group.all_names)):
             param = routed.param
@@ -266,12 +286,21 @@ def build_param_map(
             main = _main_tensor(param, part, copied, working, names[0]) if local else None
             target: GradTarget = "decoupled" if precision_aware else "fp32_copy" if copied else "shared"
             entries.append(ParamEntry(names[0], names, group.index, param, main, part, not (copied or working), target, working))
+            holders.append(_holder(model_chunks, routed.chunks[0], routed.names[0]) if model_chunks is not None else None)
     return ParamMap(
         entries=tuple(entries),
         num_groups=len(groups),
         grad_source="main_grad" if params_have_main_grad else "grad",
         decoupled_grad_dtype=config.main_grads_dtype if precision_aware else None,
+        holders=tuple(holders) if model_chunks is not None else (),
     )
+
+
+def _holder(chunks: Sequence[torch.nn.Module], chunk: int, name: str) -> tuple[dict[str, Any], str]:
+    """The ``_parameters`` dict of the module that holds param ``name`` of ``chunks[chunk]``, and its key."""
+    prefix, _, leaf = name.rpartition(".")
+    module = chunks[chunk].get_submodule(prefix) if prefix else chunks[chunk]
+    return module._parameters, leaf
 
 
 def _check_no_overlap(param: torch.Tensor, name: str) -> None:

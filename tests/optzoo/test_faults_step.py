@@ -435,6 +435,18 @@ def test_item8_a_model_moved_to_another_device_after_get_optimizer_is_refused_by
     assert optimizer.step()[0] is True
     before_state = _state(optimizer)
     model.to("meta")
-    with pytest.raises(ValueError, match=r"^`a.weight`: the model param changed after get_optimizer \(and 3 more params\); got torch.float32 on meta, shape \(6, 8\); expected torch.float32 on cpu"):
+    with pytest.raises(ValueError, match=r"^`a.weight`: the model param was replaced by a new object after get_optimizer \(and 3 more params\) \(as \.to\(.meta.\), to_empty\(\) or assigning the attribute do\); got torch.float32 on meta, shape \(6, 8\); expected the param the optimizer was built for"):
         optimizer.step()
     assert _same(_state(optimizer), before_state)
+
+
+def test_item8_a_param_replaced_by_assignment_after_get_optimizer_is_refused_by_name() -> None:
+    """Before: the step stepped the old Parameter object, which the model no longer holds."""
+    model = Two()
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, lint=False)
+    model.b.bias = nn.Parameter(torch.zeros(4))
+    _set(model, _grads(model, 0))
+    before = _params(model)
+    with pytest.raises(ValueError, match=r"^`b.bias`: the model param was replaced by a new object after get_optimizer \(as .*got torch.float32 on cpu, shape \(4,\)"):
+        optimizer.step()
+    assert _same(_params(model), before) and not optimizer.state
