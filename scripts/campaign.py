@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/campaign.py [--quick] [--only CATEGORY ...]
 
-Categories: config, routing, step, checkpoint, scheduler, cli, distributed (each section below
+Categories: config, routing, step, faults, checkpoint, scheduler, cli, distributed (each section below
 starts with the rule it applies). CPU only, no network, nothing downloaded; tiny models are
 built in code. The run is deterministic: every trial seeds torch from its own name, and
 ``--quick`` keeps the ~10% of trials whose name hashes to 0 mod 10 (the same ones every run).
@@ -611,6 +611,181 @@ def step_trials() -> Iterator[Trial]:
                     yield f"hf-gpt2/{opt}/{dtype}/{fault}", lambda o=opt, d=dtype, f=fault: hf_trial(o, d, f)
 
 
+# ---- 3b. faults in the step (issue #24) ----------------------------------------------------------
+# A step under the caller's torch.autocast (CPU bf16) is the step outside it, params and
+# state_dict bit for bit. A param whose first gradient arrives at step 2 ends, with its state,
+# where a twin ends that only ever saw that param's gradients (clip_grad=0: no global norm ties
+# the two). A model cast or moved after get_optimizer (bf16, double, half, meta, .data of another
+# dtype, a new Parameter object): ValueError naming the param, nothing changed. A NaN first step
+# under step_on_device (every kernel it allows) leaves state that the next two clean steps use
+# exactly as a twin that never saw it. Gradients of 1e16 with clipping off: either a successful
+# step with finite params, main params and state, or (False, ...) with nothing changed; then a
+# clean step works. zero_grad(set_to_none=False) between two steps: the second step moves the
+# same main params in fp32, bf16 and fp16 (a zero gradient is a gradient, as in torch).
+
+
+def _faults_make(opt: str, dtype_key: str, seed: int, **fields: Any) -> tuple[nn.Module, Any]:
+    dtype, flags = DTYPES[dtype_key]
+    torch.manual_seed(seed)
+    model = Net().to(dtype)
+    config = OptimizerConfig(**{"lr": 1e-2, "optimizer": opt, "clip_grad": 0.0, **flags, **fields})
+    return model, get_optimizer(config, model, lint=False)
+
+
+def autocast_trial(opt_name: str, dtype: str) -> str | None:
+    seed = seed_from(f"autocast/{opt_name}/{dtype}")
+    runs = []
+    for inside in (True, False):
+        model, opt = _faults_make(opt_name, dtype, seed)
+        for k in range(2):
+            set_grads(model, opt, seed + k)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=inside):
+                if (r := opt.step())[0] is not True:
+                    return f"step {k} {'inside' if inside else 'outside'} autocast returned {short(r, 60)}"
+        runs.append(([p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict())))
+    if d := first_difference(runs[0][0], runs[1][0], "params"):
+        return f"inside vs outside autocast: {d}"
+    return (f"inside vs outside autocast: {d}") if (d := first_difference(runs[0][1], runs[1][1], "state_dict")) else None
+
+
+def late_grad_trial(opt_name: str, dtype: str) -> str | None:
+    seed = seed_from(f"late/{opt_name}/{dtype}")
+    late = ("body.2.weight", "body.2.bias")
+    (model, opt), (twin, twin_opt) = _faults_make(opt_name, dtype, seed), _faults_make(opt_name, dtype, seed)
+    set_grads(model, opt, seed, skip=late)
+    if (r := opt.step())[0] is not True:
+        return f"step without the late params returned {short(r, 60)}"
+    early = [n for n, _ in model.named_parameters() if n not in late]
+    for k in (1, 2):
+        set_grads(model, opt, seed + k)
+        set_grads(twin, twin_opt, seed + k, skip=tuple(early))
+        for o in (opt, twin_opt):
+            if (r := o.step())[0] is not True:
+                return f"step {k} returned {short(r, 60)}"
+    ours, theirs = dict(model.named_parameters()), dict(twin.named_parameters())
+    for name in late:
+        if d := first_difference(ours[name], theirs[name], name):
+            return f"late param vs a twin that saw only its grads: {d}"
+        if d := first_difference(opt.state_dict()["state"][name], twin_opt.state_dict()["state"][name], f"state[{name!r}]"):
+            return f"late param's state vs the twin's: {d}"
+    return None
+
+
+CASTS: dict[str, Callable[[nn.Module], Any]] = {
+    "to-bf16": lambda m: m.to(torch.bfloat16), "double": lambda m: m.double(), "half": lambda m: m.half(),
+    "float": lambda m: m.float(), "meta": lambda m: m.to("meta"),
+    "data-float64": lambda m: setattr(m.body[0].weight, "data", m.body[0].weight.data.double()),
+    "new-parameter": lambda m: setattr(m.body[0], "weight", nn.Parameter(m.body[0].weight.detach().clone())),
+}  # fmt: skip
+
+
+def cast_trial(opt_name: str, dtype: str, cast: str) -> str | None:
+    seed = seed_from(f"cast/{opt_name}/{dtype}/{cast}")
+    model, opt = _faults_make(opt_name, dtype, seed)
+    if reason := clean_step_ok(model, opt, seed):
+        return f"warm-up: {reason}"
+    if (cast, dtype) in (("float", "fp32"), ("to-bf16", "bf16"), ("half", "fp16")):
+        return None  # the same dtype: no change, nothing to refuse
+    state = copy.deepcopy(opt.state_dict())
+    CASTS[cast](model)
+    params = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    if reason := expect_raise(opt.step, ("body.0.weight",), (ValueError,)):
+        return reason
+    if cast != "meta" and (d := first_difference(params, [p.detach() for p in model.parameters()], "params")):
+        return f"changed before raising: {d}"
+    return (f"changed before raising: {d}") if (d := first_difference(state, opt.state_dict(), "state_dict")) else None
+
+
+DEVICE_STEP_CONFIGS: dict[str, dict[str, Any]] = {
+    "sgd": {"optimizer": "sgd", "sgd_momentum": 0.9}, "adamw": {"optimizer": "adam"},
+    "adam": {"optimizer": "adam", "decoupled_weight_decay": False},
+    "precision-aware": {"optimizer": "adam", "use_precision_aware_optimizer": True},
+}  # fmt: skip
+
+
+def device_skip_trial(kind: str, dtype: str) -> str | None:
+    seed = seed_from(f"device-skip/{kind}/{dtype}")
+    fields = dict(DEVICE_STEP_CONFIGS[kind])
+    if dtype == "fp16":
+        fields["loss_scale"] = 1024.0  # step_on_device takes a constant scale only
+    if kind == "precision-aware" and dtype != "bf16":
+        fields["store_param_remainders"] = False  # remainders need bf16 params
+    (model, opt), (twin, twin_opt) = _faults_make("adam", dtype, seed, **fields), _faults_make("adam", dtype, seed, **fields)
+    set_grads(model, opt, seed)
+    poison(model, NAN, "body.0.weight")
+    if bool(opt.step_on_device()[0]):
+        return "NaN first step reported success"
+    for k in (1, 2):
+        for m, o in ((model, opt), (twin, twin_opt)):
+            set_grads(m, o, seed + k)
+            if not bool(o.step_on_device()[0]):
+                return f"clean step {k} reported a skip"
+    if d := first_difference(list(model.parameters()), list(twin.parameters()), "params"):
+        return f"after a skipped first step vs a twin that never saw it: {d}"
+    if any(not torch.isfinite(p).all() for p in model.parameters()):
+        return "non-finite params"
+    return None
+
+
+def huge_trial(opt_name: str, dtype: str, warm: int) -> str | None:
+    seed = seed_from(f"huge/{opt_name}/{dtype}/{warm}")
+    model, opt = _faults_make(opt_name, dtype, seed)
+    for k in range(warm):
+        set_grads(model, opt, seed + k)
+        if (r := opt.step())[0] is not True:
+            return f"warm-up returned {short(r, 60)}"
+    set_grads(model, opt, seed + 10)
+    for p in model.parameters():
+        p.grad.mul_(1e16)
+    before = snapshot(model, opt)
+    result = opt.step()
+    if result[0] is True:
+        state = [v for e in opt.state_dict()["state"].values() for v in e.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        if any(not torch.isfinite(t).all() for t in [*model.parameters(), *mains(opt), *state]):
+            return "reported success with non-finite params or state"
+    elif reason := unchanged(model, opt, before, ignore=("grad_scaler",)):
+        return f"skipped but changed {reason}"
+    opt.zero_grad()
+    return (f"after the huge step: " + r) if (r := clean_step_ok(model, opt, seed + 20)) else None
+
+
+def zero_grad_false_trial(opt_name: str) -> str | None:
+    moved: dict[str, list[bool]] = {}
+    for dtype in DTYPES:
+        model, opt = _faults_make(opt_name, dtype, seed_from(f"zero_grad/{opt_name}"), weight_decay=0.1)
+        set_grads(model, opt, 1)
+        if (r := opt.step())[0] is not True:
+            return f"{dtype}: first step returned {short(r, 60)}"
+        opt.zero_grad(set_to_none=False)
+        if any(p.grad is None or p.grad.any() for p in model.parameters()):
+            return f"{dtype}: zero_grad(set_to_none=False) left a param without a zero grad"
+        before = mains(opt)
+        if (r := opt.step())[0] is not True:
+            return f"{dtype}: step on zero grads returned {short(r, 60)}"
+        moved[dtype] = [not torch.equal(a, b) for a, b in zip(before, mains(opt))]
+    if len({tuple(v) for v in moved.values()}) != 1:
+        return f"main params moved by a zero-grad step differ across precisions: {moved}"
+    return None
+
+
+def fault_attack_trials() -> Iterator[Trial]:
+    for opt in OPTIMIZERS:
+        for dtype in DTYPES:
+            yield f"autocast/{opt}/{dtype}", lambda o=opt, d=dtype: autocast_trial(o, d)
+            yield f"late-grad/{opt}/{dtype}", lambda o=opt, d=dtype: late_grad_trial(o, d)
+            for cast in CASTS:
+                yield f"cast/{opt}/{dtype}/{cast}", lambda o=opt, d=dtype, c=cast: cast_trial(o, d, c)
+            if dtype != "fp16":  # fp16 grads cannot hold 1e16
+                for warm in (0, 1):
+                    yield f"huge/{opt}/{dtype}/warm{warm}", lambda o=opt, d=dtype, w=warm: huge_trial(o, d, w)
+        yield f"zero_grad-set_to_none-false/{opt}", lambda o=opt: zero_grad_false_trial(o)
+    for kind in DEVICE_STEP_CONFIGS:
+        for dtype in DTYPES:
+            yield f"device-skip-first/{kind}/{dtype}", lambda k=kind, d=dtype: device_skip_trial(k, d)
+
+
 # ---- 4. checkpoints --------------------------------------------------------------------------
 # Round trip through torch.save/torch.load(weights_only=True) into a fresh optimizer: bitwise
 # equal state_dict, then one more step on both gives bitwise equal params. Every foreign or
@@ -1025,7 +1200,7 @@ def dist_results(quick: bool) -> list[tuple[str, str | None]]:
 # ---- driver ----------------------------------------------------------------------------------
 
 CATEGORIES: dict[str, Callable[[], Iterator[Trial]]] = {
-    "config": config_trials, "routing": routing_trials, "step": step_trials,
+    "config": config_trials, "routing": routing_trials, "step": step_trials, "faults": fault_attack_trials,
     "checkpoint": checkpoint_trials, "scheduler": scheduler_trials,
 }  # fmt: skip
 
