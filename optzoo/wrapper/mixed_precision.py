@@ -21,8 +21,6 @@ and :meth:`~MixedPrecisionOptimizer.step_with_ready_grads`, with the clip, the z
 from __future__ import annotations
 
 import contextlib
-import copy
-import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +34,7 @@ from optzoo._common import local_shard
 from optzoo.optimizers._checked import KeepsSettingsOptimizer, autocast_disabled
 from optzoo.optimizers.registry import get_spec
 
-from optzoo.wrapper import grad_stages
+from optzoo.wrapper import grad_stages, step_guards
 from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
@@ -49,8 +47,6 @@ __all__ = [
     "StepOptions",
     "StepResult",
 ]
-
-_LINALG_ERROR: type[Exception] = getattr(torch.linalg, "LinAlgError")  # untyped in torch's stubs
 
 StepResult = tuple[bool, float | None, int | None]
 """``(update_successful, grad_norm, num_zeros_in_grad)``, as Megatron-Core's ``step``."""
@@ -111,7 +107,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         assert inner_ids == sorted(id(g) for g in param_groups), "groups must be the inner ones"
         for group, entries in zip(param_groups, param_map.local_by_group(), strict=True):
             assert [id(p) for p in group["params"]] == [id(e.main) for e in entries], "groups hold the map's mains"
-        _check_timers(options.timers)
+        step_guards.check_timers(options.timers)
         self.optimizers = list(optimizers)
         self.param_map = param_map
         self.options = options
@@ -326,7 +322,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         ready, self._ready = self._ready, None
         factors = ready.factors() if ready is not None else None
         with autocast_disabled(), self._timed("optimizer-inner-step"), _without_global_step_hooks():
-            _complete_momentum_buffers_(self.optimizers, on_device=False)
+            step_guards.complete_momentum_buffers_(self.optimizers, on_device=False)
             inner = list(zip(self.optimizers, self._takes_grad_scale, self._params_of, self._verified, strict=True))
             # The verified ones first, as one transaction: when one fails, nothing else has stepped.
             if any(self._verified) and not self._verified_steps(inner, factors):
@@ -345,21 +341,21 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         error (SOAP: its float32 Kronecker factors G·Gᵀ and their eigendecompositions overflow for
         gradients around 1e16), keeping their params and state to put back: returns whether every
         result is finite (agreed over the process group); else everything is as it was."""
-        kept = [(opt, _snapshot(opt, params)) for opt, _, params, verified in inner if verified]
+        kept = [(opt, step_guards.snapshot(opt, params)) for opt, _, params, verified in inner if verified]
         failed = False
         try:
             for opt, takes_grad_scale, params, verified in inner:
                 if verified:
                     self._inner_step(opt, takes_grad_scale, params, factors)
-        except _LINALG_ERROR:  # a decomposition that did not converge on overflowed factors
+        except step_guards.LINALG_ERROR:  # a decomposition that did not converge on overflowed factors
             failed = True
         except BaseException:  # anything else is not a numerical fault: raised, with nothing changed
             for opt, snapshot in kept:
-                _restore_(opt, snapshot)
+                step_guards.restore_(opt, snapshot)
             raise
         flag = torch.tensor([1.0 if failed else 0.0], device=self._one.device)
         if not failed:
-            results = [t for opt, snapshot in kept for t in _tensors_of(opt, snapshot)]
+            results = [t for opt, snapshot in kept for t in step_guards.tensors_of(opt, snapshot)]
             if results:
                 finite = torch.stack([torch.isfinite(t).all() for t in results]).all()
                 flag = (~finite).float().reshape(1).to(self._one.device)
@@ -367,7 +363,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
         if bool(flag.item()):
             for opt, snapshot in kept:
-                _restore_(opt, snapshot)
+                step_guards.restore_(opt, snapshot)
             return False
         return True
 
@@ -416,7 +412,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             divisor = factors[1] if factors is not None else self._one.reshape(())
         with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             # zero buffers: a first step skipped in the kernel leaves them as a clean one would find them
-            _complete_momentum_buffers_(self.optimizers, on_device=True)
+            step_guards.complete_momentum_buffers_(self.optimizers, on_device=True)
             for opt in self.optimizers:
                 with _amp_scaling(opt, divisor, found_inf):
                     opt.step()
@@ -524,114 +520,6 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
             optimizers=self.optimizers,
         )  # fmt: skip
-
-
-def _check_timers(timers: Callable[..., Any] | None) -> None:
-    """Megatron-style timers, checked when the optimizer is built, not midway through a step:
-    ``timers(name, log_level=1)`` (called once, as Megatron's ``Timers`` is, to get a timer) returns
-    an object whose ``start`` takes ``barrier=`` and whose ``stop`` takes no argument."""
-    if timers is None:
-        return
-    problem = None
-    try:
-        timer = timers("optimizer-copy-to-main-grad", log_level=1)
-        for method, bind in (("start", {"barrier": False}), ("stop", {})):
-            function = getattr(timer, method, None)
-            if not callable(function):
-                problem = f"its timer {type(timer).__name__} has no {method}()"
-                break
-            try:
-                inspect.signature(function).bind(**bind)
-            except ValueError:  # no signature to read (a builtin): accepted as it is
-                continue
-            except TypeError as error:
-                problem = f"its timer's {method}({', '.join(f'{k}=...' for k in bind)}) fails: {error}"
-                break
-    except (TypeError, AttributeError) as error:
-        problem = f"calling it failed with {type(error).__name__}: {error}"
-    if problem is not None:
-        raise ValueError(
-            f"`OptimizerConfig.timers`: not Megatron-style timers; got {getattr(timers, '__name__', type(timers).__name__)} "
-            f"({problem}); expected timers(name, log_level=1) returning an object with start(barrier=...) and stop()"
-        )
-
-
-def _complete_momentum_buffers_(optimizers: Sequence[torch.optim.Optimizer], *, on_device: bool) -> None:
-    """Give every param about to be stepped by torch's SGD with momentum a zero ``momentum_buffer``
-    where it has none (a param whose first gradient arrives late, or every param on the first step).
-
-    torch's fused SGD takes a step as the first when *no* param has a buffer: it then creates them
-    uninitialised and has its kernel copy the gradient in; it fails (``TypeError``) on a mix, and
-    an update skipped by ``found_inf`` leaves the uninitialised buffers behind, applied by the next
-    step. A zero buffer gives ``buf = momentum * 0 + grad = grad``, torch's first-step buffer bit for
-    bit, in every kernel, skipped or not. With ``dampening`` that identity fails (``(1 - dampening)
-    * grad``), so such a group is refused where a zero buffer would be needed, before anything changes.
-
-    Raises:
-        ValueError: A group with ``dampening != 0`` has params with and without buffers, or its
-            first step runs on the device (``step_on_device``).
-    """
-    missing: list[tuple[dict[str, Any], torch.Tensor]] = []
-    for opt in optimizers:
-        if not isinstance(opt, torch.optim.SGD):
-            continue
-        for index, group in enumerate(opt.param_groups):
-            if group["momentum"] == 0:
-                continue
-            stepped = [p for p in group["params"] if p.grad is not None]
-            without = [p for p in stepped if opt.state.get(p, {}).get("momentum_buffer") is None]
-            if not without:
-                continue
-            if group["dampening"] != 0:
-                if len(without) == len(stepped) and not on_device:
-                    continue  # torch's own first step: every buffer starts as the gradient
-                names = group.get("param_names") or []
-                first = next(i for i, p in enumerate(group["params"]) if p is without[0])
-                where = f"`{names[first]}`" if first < len(names) else f"param group #{index}"
-                raise ValueError(
-                    f"{where}: SGD with dampening has no momentum buffer yet while "
-                    f"{'the step runs on the device' if on_device else 'other params of its group have one'}; "
-                    f"got dampening={group['dampening']!r}; expected dampening=0 (a zero buffer then equals torch's "
-                    "first step), or step() with every param of the group getting its first gradient together"
-                )
-            missing += [(opt.state[p], p) for p in without]
-    for state, param in missing:
-        assert param.grad is not None  # only params with a gradient are missing a buffer
-        state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
-
-
-_Snapshot = list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]
-
-
-def _snapshot(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Snapshot:
-    """Each param with a gradient: its value and a copy of its state (``None``: it had none)."""
-    kept: _Snapshot = []
-    for p in params:
-        if p.grad is None:
-            continue
-        state = opt.state.get(p)
-        copied = None if state is None else {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}
-        kept.append((p, p.detach().clone(), copied))
-    return kept
-
-
-def _tensors_of(opt: torch.optim.Optimizer, snapshot: _Snapshot) -> list[torch.Tensor]:
-    """The floating tensors a step wrote: the params in ``snapshot`` and their state."""
-    found = []
-    for p, _, _ in snapshot:
-        found.append(p.detach())
-        found += [v for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    return found
-
-
-def _restore_(opt: torch.optim.Optimizer, snapshot: _Snapshot) -> None:
-    """Put back the params and state :func:`_snapshot` kept (state created since is dropped)."""
-    for p, value, state in snapshot:
-        p.detach().copy_(value)
-        if state is None:
-            opt.state.pop(p, None)
-        else:
-            opt.state[p] = state
 
 
 @contextlib.contextmanager

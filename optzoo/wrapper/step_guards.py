@@ -1,0 +1,130 @@
+"""What a step checks and keeps so that a fault changes nothing (issue #24).
+
+Checked when the optimizer is built: Megatron-style timers (:func:`check_timers`). Before the inner
+steps: torch SGD's momentum buffers for params stepped without one (:func:`complete_momentum_buffers_`).
+Around an inner optimizer whose finite gradients can still give a non-finite result (the registry's
+``verified_step``: SOAP): its params and state kept (:func:`snapshot`), the result checked
+(:func:`tensors_of`) and put back (:func:`restore_`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["LINALG_ERROR", "Snapshot", "check_timers", "complete_momentum_buffers_", "restore_", "snapshot", "tensors_of"]
+
+LINALG_ERROR: type[Exception] = getattr(torch.linalg, "LinAlgError")  # untyped in torch's stubs
+"""What a decomposition that did not converge raises (``torch.linalg.LinAlgError``)."""
+
+
+def check_timers(timers: Callable[..., Any] | None) -> None:
+    """Megatron-style timers, checked when the optimizer is built, not midway through a step:
+    ``timers(name, log_level=1)`` (called once, as Megatron's ``Timers`` is, to get a timer) returns
+    an object whose ``start`` takes ``barrier=`` and whose ``stop`` takes no argument."""
+    if timers is None:
+        return
+    problem = None
+    try:
+        timer = timers("optimizer-copy-to-main-grad", log_level=1)
+        for method, bind in (("start", {"barrier": False}), ("stop", {})):
+            function = getattr(timer, method, None)
+            if not callable(function):
+                problem = f"its timer {type(timer).__name__} has no {method}()"
+                break
+            try:
+                inspect.signature(function).bind(**bind)
+            except ValueError:  # no signature to read (a builtin): accepted as it is
+                continue
+            except TypeError as error:
+                problem = f"its timer's {method}({', '.join(f'{k}=...' for k in bind)}) fails: {error}"
+                break
+    except (TypeError, AttributeError) as error:
+        problem = f"calling it failed with {type(error).__name__}: {error}"
+    if problem is not None:
+        raise ValueError(
+            f"`OptimizerConfig.timers`: not Megatron-style timers; got {getattr(timers, '__name__', type(timers).__name__)} "
+            f"({problem}); expected timers(name, log_level=1) returning an object with start(barrier=...) and stop()"
+        )
+
+
+def complete_momentum_buffers_(optimizers: Sequence[torch.optim.Optimizer], *, on_device: bool) -> None:
+    """Give every param about to be stepped by torch's SGD with momentum a zero ``momentum_buffer``
+    where it has none (a param whose first gradient arrives late, or every param on the first step).
+
+    torch's fused SGD takes a step as the first when *no* param has a buffer: it then creates them
+    uninitialised and has its kernel copy the gradient in; it fails (``TypeError``) on a mix, and
+    an update skipped by ``found_inf`` leaves the uninitialised buffers behind, applied by the next
+    step. A zero buffer gives ``buf = momentum * 0 + grad = grad``, torch's first-step buffer bit for
+    bit, in every kernel, skipped or not. With ``dampening`` that identity fails (``(1 - dampening)
+    * grad``), so such a group is refused where a zero buffer would be needed, before anything changes.
+
+    Raises:
+        ValueError: A group with ``dampening != 0`` has params with and without buffers, or its
+            first step runs on the device (``step_on_device``).
+    """
+    missing: list[tuple[dict[str, Any], torch.Tensor]] = []
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.SGD):
+            continue
+        for index, group in enumerate(opt.param_groups):
+            if group["momentum"] == 0:
+                continue
+            stepped = [p for p in group["params"] if p.grad is not None]
+            without = [p for p in stepped if opt.state.get(p, {}).get("momentum_buffer") is None]
+            if not without:
+                continue
+            if group["dampening"] != 0:
+                if len(without) == len(stepped) and not on_device:
+                    continue  # torch's own first step: every buffer starts as the gradient
+                names = group.get("param_names") or []
+                first = next(i for i, p in enumerate(group["params"]) if p is without[0])
+                where = f"`{names[first]}`" if first < len(names) else f"param group #{index}"
+                raise ValueError(
+                    f"{where}: SGD with dampening has no momentum buffer yet while "
+                    f"{'the step runs on the device' if on_device else 'other params of its group have one'}; "
+                    f"got dampening={group['dampening']!r}; expected dampening=0 (a zero buffer then equals torch's "
+                    "first step), or step() with every param of the group getting its first gradient together"
+                )
+            missing += [(opt.state[p], p) for p in without]
+    for state, param in missing:
+        assert param.grad is not None  # only params with a gradient are missing a buffer
+        state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
+
+
+Snapshot = list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]
+
+
+def snapshot(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> Snapshot:
+    """Each param with a gradient: its value and a copy of its state (``None``: it had none)."""
+    kept: Snapshot = []
+    for p in params:
+        if p.grad is None:
+            continue
+        state = opt.state.get(p)
+        copied = None if state is None else {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}
+        kept.append((p, p.detach().clone(), copied))
+    return kept
+
+
+def tensors_of(opt: torch.optim.Optimizer, snapshot: Snapshot) -> list[torch.Tensor]:
+    """The floating tensors a step wrote: the params in ``snapshot`` and their state."""
+    found = []
+    for p, _, _ in snapshot:
+        found.append(p.detach())
+        found += [v for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return found
+
+
+def restore_(opt: torch.optim.Optimizer, snapshot: Snapshot) -> None:
+    """Put back the params and state :func:`snapshot` kept (state created since is dropped)."""
+    for p, value, state in snapshot:
+        p.detach().copy_(value)
+        if state is None:
+            opt.state.pop(p, None)
+        else:
+            opt.state[p] = state
