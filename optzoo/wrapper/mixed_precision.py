@@ -316,9 +316,10 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         """Step every inner optimizer on the main grads, then copy main params to model params;
         returns ``True`` (Megatron-Core's ``step_with_ready_grads``), or ``False`` when an inner
         optimizer stepped as a transaction (the registry's ``verified_step``: SOAP) gave a
-        non-finite result or failed to decompose, with every param and all state as before. What :meth:`prepare_grads`
-        and :meth:`clip_grad_norm` left to apply (the unscale and the clip under
-        ``fold_clip_and_scale``) is applied here; without them the gradients are stepped as they are."""
+        non-finite result or failed to decompose, with every param, gradient and all state as
+        before. What :meth:`prepare_grads` and :meth:`clip_grad_norm` left to apply (the unscale
+        and the clip under ``fold_clip_and_scale``) is applied here; without them the gradients
+        are stepped as they are."""
         ready, self._ready = self._ready, None
         factors = ready.factors() if ready is not None else None
         with autocast_disabled(), self._timed("optimizer-inner-step"), _without_global_step_hooks():

@@ -96,34 +96,39 @@ def complete_momentum_buffers_(optimizers: Sequence[torch.optim.Optimizer], *, o
         state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
 
 
-Snapshot = list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]
+Snapshot = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any] | None]]
+"""Per param with a gradient: the param, copies of its value and gradient, and of its state (``None``:
+it had none)."""
 
 
 def snapshot(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> Snapshot:
-    """Each param with a gradient: its value and a copy of its state (``None``: it had none)."""
+    """Keep what a step of ``opt`` may change: each param with a gradient, its gradient (scaled in
+    place before a step) and its state."""
     kept: Snapshot = []
     for p in params:
         if p.grad is None:
             continue
         state = opt.state.get(p)
         copied = None if state is None else {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}
-        kept.append((p, p.detach().clone(), copied))
+        kept.append((p, p.detach().clone(), p.grad.clone(), copied))
     return kept
 
 
 def tensors_of(opt: torch.optim.Optimizer, snapshot: Snapshot) -> list[torch.Tensor]:
     """The floating tensors a step wrote: the params in ``snapshot`` and their state."""
     found = []
-    for p, _, _ in snapshot:
+    for p, _, _, _ in snapshot:
         found.append(p.detach())
         found += [v for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     return found
 
 
 def restore_(opt: torch.optim.Optimizer, snapshot: Snapshot) -> None:
-    """Put back the params and state :func:`snapshot` kept (state created since is dropped)."""
-    for p, value, state in snapshot:
+    """Put back what :func:`snapshot` kept (state created since is dropped)."""
+    for p, value, grad, state in snapshot:
         p.detach().copy_(value)
+        if p.grad is not None:
+            p.grad.copy_(grad)
         if state is None:
             opt.state.pop(p, None)
         else:

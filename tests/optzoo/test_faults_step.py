@@ -190,10 +190,12 @@ def test_item5_soap_with_huge_finite_grads_skips_with_nothing_changed_and_steps_
             _set(m, _grads(m, 10 + seed))
             assert o.step()[0] is True
     before, before_state = _params(model), _state(optimizer)
-    _set(model, _grads(model, 20, scale=1e16))
+    huge = _grads(model, 20, scale=1e16)
+    _set(model, huge)
     success, norm, _ = optimizer.step()
     assert success is False and norm is None  # clip_grad=0: no norm asked for
     assert _same(_params(model), before)
+    assert _same({name: p.grad for name, p in model.named_parameters()}, huge)
     assert _same(_state(optimizer), before_state)
     for m, o in ((model, optimizer), (twin, twin_optimizer)):
         _set(m, _grads(m, 30))
