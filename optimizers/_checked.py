@@ -34,16 +34,18 @@ def autocast_disabled() -> Iterator[None]:
     An optimizer's arithmetic is its own: a step called inside the caller's autocast region (a
     training loop that wraps forward, backward and step in one ``with``) would otherwise run its
     matmuls (Newton-Schulz, SOAP's rotations) in bf16/fp16 and its linspace/eigh in other dtypes.
-    Entered only for the device types whose autocast is on, so the common case costs ten flag reads.
+    The thread-local flags are switched directly (``torch.autocast(..., enabled=False)`` asserts
+    for a custom backend that registered no AMP module), and only where they are on, so the
+    common case costs ten flag reads.
     """
     active = [device for device in _AUTOCAST_DEVICE_TYPES if torch.is_autocast_enabled(device)]
-    if not active:
+    for device in active:
+        torch.set_autocast_enabled(device, False)
+    try:
         yield
-        return
-    with contextlib.ExitStack() as stack:
+    finally:
         for device in active:
-            stack.enter_context(torch.autocast(device_type=device, enabled=False))
-        yield
+            torch.set_autocast_enabled(device, True)
 
 
 class KeepsSettingsOptimizer(torch.optim.Optimizer):

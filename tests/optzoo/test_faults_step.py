@@ -452,3 +452,17 @@ def test_item8_a_param_replaced_by_assignment_after_get_optimizer_is_refused_by_
     with pytest.raises(ValueError, match=r"^`b.bias`: the model param was replaced by a new object after get_optimizer \(as .*got torch.float32 on cpu, shape \(4,\)"):
         optimizer.step()
     assert _same(_params(model), before) and not optimizer.state
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "xpu", "mps", "hpu", "privateuseone"])
+def test_item3_autocast_is_off_during_the_step_for_every_device_type_and_back_after(device_type: str) -> None:
+    """Device-agnostic: the flag of a device type this machine lacks is switched like the CPU's."""
+    from optzoo.optimizers._checked import autocast_disabled
+
+    torch.set_autocast_enabled(device_type, True)
+    try:
+        with autocast_disabled():
+            inside = torch.is_autocast_enabled(device_type)
+        assert inside is False and torch.is_autocast_enabled(device_type) is True
+    finally:
+        torch.set_autocast_enabled(device_type, False)
