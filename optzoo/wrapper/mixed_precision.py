@@ -68,7 +68,8 @@ class StepOptions:
     kernels (``OptimizerConfig.fold_clip_and_scale``); False: separate unscale and clip passes."""
     timers: Callable[..., Any] | None = None
     """Megatron-style timers: ``timers(name, log_level=1)`` gives an object with ``start(barrier=...)``
-    and ``stop()``; the step's phases are timed with it."""
+    and ``stop()``; the step's phases are timed with it. Checked when the optimizer is built (one
+    call, and the timer's ``start``/``stop`` signatures), so a wrong one never fails midway through a step."""
     barrier_with_L1_time: bool = False
     """Pass ``barrier=True`` to those timers."""
 
