@@ -42,6 +42,7 @@ __all__ = [
     "find_inf_and_unscale_",
     "global_grad_norm",
     "grad_factors",
+    "grad_presence",
     "main_params_to_model_params",
     "model_grads_to_main_grads",
     "model_params_to_working_copies",
@@ -403,6 +404,16 @@ def main_params_to_model_params(param_map: ParamMap) -> None:
                 mains.append(entry.main)
     if models:
         torch._foreach_copy_(models, mains)
+
+
+def grad_presence(param_map: ParamMap) -> dict[int, bool]:
+    """``{id(main): whether its model param has a gradient now}`` for the local entries, read from
+    where this step will read it (``.grad`` or ``main_grad``) before anything is moved."""
+    source = param_map.grad_source
+    return {
+        id(entry.main): (getattr(entry.model, "main_grad", None) if source == "main_grad" else entry.model.grad) is not None
+        for entry in param_map.local
+    }
 
 
 def _had_grad(entry: ParamEntry) -> bool:

@@ -132,6 +132,8 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             for opt in self.optimizers
         ]
         self._params_of = [[p for g in opt.param_groups for p in g["params"]] for opt in self.optimizers]
+        # torch SGD with momentum and dampening (set on the groups by hand): checked before each step
+        self._sgds = [opt for opt in self.optimizers if isinstance(opt, torch.optim.SGD)]
         # Which inner optimizers are stepped as a transaction (the registry's ``verified_step``: finite
         # gradients can make their update non-finite or raise); the same on every rank.
         self._verified = [
@@ -324,11 +326,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         ready, self._ready = self._ready, None
         factors = ready.factors() if ready is not None else None
         with autocast_disabled(), self._timed("optimizer-inner-step"), _without_global_step_hooks():
-            step_guards.complete_momentum_buffers_(self.optimizers, on_device=False)
+            missing = step_guards.missing_momentum_buffers(self.optimizers)
             inner = list(zip(self.optimizers, self._takes_grad_scale, self._params_of, self._verified, strict=True))
             # The verified ones first, as one transaction: when one fails, nothing else has stepped.
             if any(self._verified) and not self._verified_steps(inner, factors):
                 return False
+            step_guards.zero_momentum_buffers_(missing)
             for opt, takes_grad_scale, params, verified in inner:
                 if not verified:
                     self._inner_step(opt, takes_grad_scale, params, factors)
@@ -402,7 +405,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
     def _step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
-            grads = self._to_mains()
+            grads = self._to_mains(on_device=True)
         clipping = self.options.clip_grad > 0.0
         if not grads and group is None:
             return torch.ones((), dtype=torch.bool, device=device), None, None
@@ -414,7 +417,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             divisor = factors[1] if factors is not None else self._one.reshape(())
         with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             # zero buffers: a first step skipped in the kernel leaves them as a clean one would find them
-            step_guards.complete_momentum_buffers_(self.optimizers, on_device=True)
+            step_guards.zero_momentum_buffers_(step_guards.missing_momentum_buffers(self.optimizers))
             for opt in self.optimizers:
                 with _amp_scaling(opt, divisor, found_inf):
                     opt.step()
@@ -445,10 +448,13 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 "loss_scale, log_num_zeros_in_grad=False and fold_clip_and_scale=True (or call step())"
             )
 
-    def _to_mains(self) -> list[torch.Tensor]:
+    def _to_mains(self, *, on_device: bool = False) -> list[torch.Tensor]:
         """The first stage of every step: working copies and gradients to where the inner
-        optimizers read them; returns the main grads."""
+        optimizers read them; returns the main grads. What can refuse the step is checked first."""
         self.param_map.check_model_unchanged()
+        if any(g["momentum"] != 0 and g["dampening"] != 0 for opt in self._sgds for g in opt.param_groups):
+            has_grad = grad_stages.grad_presence(self.param_map)
+            step_guards.check_dampening(self.optimizers, lambda main: has_grad.get(id(main), False), on_device=on_device)
         grad_stages.model_params_to_working_copies(self.param_map)
         return grad_stages.model_grads_to_main_grads(self.param_map, self._grad_buffers)
 

@@ -1,7 +1,8 @@
 """What a step checks and keeps so that a fault changes nothing (issue #24).
 
 Checked when the optimizer is built: Megatron-style timers (:func:`check_timers`). Before the inner
-steps: torch SGD's momentum buffers for params stepped without one (:func:`complete_momentum_buffers_`).
+steps: torch SGD's momentum buffers for params stepped without one (:func:`check_dampening` first,
+then :func:`missing_momentum_buffers`, :func:`zero_momentum_buffers_`).
 Around an inner optimizer whose finite gradients can still give a non-finite result (the registry's
 ``verified_step``: SOAP): its params and state kept (:func:`snapshot`), the result checked
 (:func:`tensors_of`) and put back (:func:`restore_`).
@@ -16,7 +17,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["LINALG_ERROR", "Snapshot", "check_timers", "complete_momentum_buffers_", "restore_", "snapshot", "tensors_of"]
+__all__ = [
+    "LINALG_ERROR", "Snapshot", "check_dampening", "check_timers", "missing_momentum_buffers", "restore_", "snapshot", "tensors_of",
+    "zero_momentum_buffers_",
+]
 
 LINALG_ERROR: type[Exception] = getattr(torch.linalg, "LinAlgError")  # untyped in torch's stubs
 """What a decomposition that did not converge raises (``torch.linalg.LinAlgError``)."""
@@ -52,48 +56,72 @@ def check_timers(timers: Callable[..., Any] | None) -> None:
         )
 
 
-def complete_momentum_buffers_(optimizers: Sequence[torch.optim.Optimizer], *, on_device: bool) -> None:
-    """Give every param about to be stepped by torch's SGD with momentum a zero ``momentum_buffer``
-    where it has none (a param whose first gradient arrives late, or every param on the first step).
+def check_dampening(optimizers: Sequence[torch.optim.Optimizer], has_grad: Callable[[torch.Tensor], bool], *, on_device: bool) -> None:
+    """Refuse torch's SGD with momentum and ``dampening != 0`` where a param is about to be stepped
+    without a ``momentum_buffer`` while another param of its group has one (or, ``on_device``, at all).
+
+    torch's first step sets ``buf = grad``; later steps ``buf = momentum * buf + (1 - dampening) *
+    grad``. A zero buffer (:func:`zero_momentum_buffers_`) gives the first only when ``dampening``
+    is 0, and torch's fused kernel cannot mix the two; a first step on the device must be a zero
+    buffer, since a skipped one cannot be taken back. Called before anything of the step changes.
+
+    Args:
+        optimizers: The inner optimizers; only ``torch.optim.SGD`` ones are looked at.
+        has_grad: Whether a main param gets a gradient this step (read from the model side).
+        on_device: The step is ``step_on_device``.
+
+    Raises:
+        ValueError: Naming the first such param, the dampening and what is allowed.
+    """
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.SGD):
+            continue
+        for index, group in enumerate(opt.param_groups):
+            if group["momentum"] == 0 or group["dampening"] == 0:
+                continue
+            stepped = [p for p in group["params"] if has_grad(p)]
+            without = [p for p in stepped if opt.state.get(p, {}).get("momentum_buffer") is None]
+            if not without or (len(without) == len(stepped) and not on_device):
+                continue  # nothing missing, or torch's own first step: every buffer starts as the gradient
+            names = group.get("param_names") or []
+            first = next(i for i, p in enumerate(group["params"]) if p is without[0])
+            where = f"`{names[first]}`" if first < len(names) else f"param group #{index}"
+            raise ValueError(
+                f"{where}: SGD with dampening has no momentum buffer yet while "
+                f"{'the step runs on the device' if on_device else 'other params of its group have one'}; "
+                f"got dampening={group['dampening']!r}; expected dampening=0 (a zero buffer then equals torch's "
+                "first step), or step() with every param of the group getting its first gradient together"
+            )
+
+
+def missing_momentum_buffers(optimizers: Sequence[torch.optim.Optimizer]) -> list[tuple[torch.optim.Optimizer, torch.Tensor]]:
+    """The params about to be stepped by torch's SGD with momentum (``dampening`` 0) that have no
+    ``momentum_buffer`` (a param whose first gradient arrives late, or every param on the first
+    step), each with its optimizer: :func:`zero_momentum_buffers_` gives them one. Changes nothing.
 
     torch's fused SGD takes a step as the first when *no* param has a buffer: it then creates them
     uninitialised and has its kernel copy the gradient in; it fails (``TypeError``) on a mix, and
     an update skipped by ``found_inf`` leaves the uninitialised buffers behind, applied by the next
     step. A zero buffer gives ``buf = momentum * 0 + grad = grad``, torch's first-step buffer bit for
-    bit, in every kernel, skipped or not. With ``dampening`` that identity fails (``(1 - dampening)
-    * grad``), so such a group is refused where a zero buffer would be needed, before anything changes.
-
-    Raises:
-        ValueError: A group with ``dampening != 0`` has params with and without buffers, or its
-            first step runs on the device (``step_on_device``).
+    bit, in every kernel, skipped or not. Groups with ``dampening`` are left to torch (see
+    :func:`check_dampening`, which refused the cases torch cannot take).
     """
-    missing: list[tuple[dict[str, Any], torch.Tensor]] = []
+    missing: list[tuple[torch.optim.Optimizer, torch.Tensor]] = []
     for opt in optimizers:
         if not isinstance(opt, torch.optim.SGD):
             continue
-        for index, group in enumerate(opt.param_groups):
-            if group["momentum"] == 0:
+        for group in opt.param_groups:
+            if group["momentum"] == 0 or group["dampening"] != 0:
                 continue
-            stepped = [p for p in group["params"] if p.grad is not None]
-            without = [p for p in stepped if opt.state.get(p, {}).get("momentum_buffer") is None]
-            if not without:
-                continue
-            if group["dampening"] != 0:
-                if len(without) == len(stepped) and not on_device:
-                    continue  # torch's own first step: every buffer starts as the gradient
-                names = group.get("param_names") or []
-                first = next(i for i, p in enumerate(group["params"]) if p is without[0])
-                where = f"`{names[first]}`" if first < len(names) else f"param group #{index}"
-                raise ValueError(
-                    f"{where}: SGD with dampening has no momentum buffer yet while "
-                    f"{'the step runs on the device' if on_device else 'other params of its group have one'}; "
-                    f"got dampening={group['dampening']!r}; expected dampening=0 (a zero buffer then equals torch's "
-                    "first step), or step() with every param of the group getting its first gradient together"
-                )
-            missing += [(opt.state[p], p) for p in without]
-    for state, param in missing:
+            missing += [(opt, p) for p in group["params"] if p.grad is not None and opt.state.get(p, {}).get("momentum_buffer") is None]
+    return missing
+
+
+def zero_momentum_buffers_(missing: list[tuple[torch.optim.Optimizer, torch.Tensor]]) -> None:
+    """A zero ``momentum_buffer`` for each param :func:`missing_momentum_buffers` found."""
+    for opt, param in missing:
         assert param.grad is not None  # only params with a gradient are missing a buffer
-        state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
+        opt.state[param]["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
 
 
 Snapshot = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any] | None]]

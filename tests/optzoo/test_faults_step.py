@@ -258,21 +258,28 @@ def test_item7_every_optimizer_steps_a_late_param_as_if_its_first_gradient_were_
         assert _same(_state(optimizer)["state"][name], _state(twin_optimizer)["state"][name]), name
 
 
-def test_item7_sgd_with_dampening_and_a_late_param_is_refused_before_anything_changes() -> None:
-    model = Two()
-    optimizer = get_optimizer(OptimizerConfig(optimizer="sgd", lr=0.1, sgd_momentum=0.9), model, lint=False)
+@pytest.mark.parametrize("on_device", [False, True])
+def test_item7_sgd_with_dampening_and_a_late_param_is_refused_before_anything_changes(on_device: bool) -> None:
+    """torch's first-step buffer (the gradient) is not a zero buffer's ((1 - dampening) * grad):
+    refused by name, with params, gradients, state and the loss scale as they were."""
+    model = Two(torch.bfloat16)
+    config = OptimizerConfig(optimizer="sgd", lr=0.1, sgd_momentum=0.9, bf16=True, loss_scale=8.0, clip_grad=0.0)
+    optimizer = get_optimizer(config, model, lint=False)
     for group in optimizer.param_groups:
         group["dampening"] = 0.5  # not an OptimizerConfig field: set on the groups by hand
-    _set(model, _grads(model, 0, only=("a.weight", "a.bias")))
-    assert optimizer.step()[0] is True
-    _set(model, _grads(model, 1))
-    before, before_state = _params(model), _state(optimizer)
-    with pytest.raises(
-        ValueError,
-        match=r"^`b.weight`: SGD with dampening has no momentum buffer yet while other params of its group have one; got dampening=0.5; expected dampening=0",
-    ):
-        optimizer.step()
+    if not on_device:
+        _set(model, _grads(model, 0, only=("a.weight", "a.bias")))
+        assert optimizer.step()[0] is True
+    grads = _grads(model, 1)
+    _set(model, grads)
+    before, before_state, scale = _params(model), _state(optimizer), optimizer.get_loss_scale().clone()
+    where = "the step runs on the device" if on_device else "other params of its group have one"
+    first = "a.weight" if on_device else "b.weight"
+    with pytest.raises(ValueError, match=rf"^`{first}`: SGD with dampening has no momentum buffer yet while {where}; got dampening=0.5; expected dampening=0"):
+        optimizer.step_on_device() if on_device else optimizer.step()  # type: ignore[attr-defined]
     assert _same(_params(model), before) and _same(_state(optimizer), before_state)
+    assert _same({name: p.grad for name, p in model.named_parameters()}, grads)
+    assert torch.equal(optimizer.get_loss_scale(), scale)
 
 
 # ---- 8. a model cast or moved after get_optimizer ----------------------------------------------
