@@ -20,7 +20,7 @@ import logging
 import math
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, override
 
 import torch
@@ -31,6 +31,7 @@ from torch.optim.optimizer import ParamsT, StateDict
 from .._common import PARAM_DTYPES, describe_param, has_fused_kernel
 from ._checked import CheckedGroupsOptimizer, check_lr
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
+from .state_layout import COUNT, StateLayout, per_element
 
 __all__ = [
     "COMPILED_DTYPES",
@@ -749,6 +750,15 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
             group["fused"], group["foreach"] = kernel["fused"], kernel["foreach"]
         for param, values in restored.items():
             self.state[param].update(values)
+
+    def state_layout(self, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
+        """The state :meth:`_init_state` gives ``param`` (of whole shape ``shape``), for checking a checkpoint."""
+        layout = {"step": COUNT, "exp_avg": per_element(shape), "exp_avg_sq": per_element(shape)}
+        if self.store_param_remainders:
+            layout["master_param"] = per_element(shape, "int16")
+        elif self.master_weights:
+            layout["master_param"] = per_element(shape)
+        return layout
 
     def restore_state(self, saved: dict[str, Any], param: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
         """One param's saved state, checked against this optimizer's master representation and

@@ -15,9 +15,11 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from optzoo._common import shorten
+from optzoo.optimizers.muon_ops import take_shard
+from optzoo.optimizers.state_layout import check_state, state_layout_of
 from optzoo.wrapper.param_map import ParamMap, Part
 from optzoo.wrapper.scalers import MegatronGradScaler
 
@@ -118,7 +120,7 @@ def load_state_dict_(
             f"got names only in the checkpoint: [{shorten(unknown)}]; "
             f"expected also: [{shorten(missing)}] (only in this model)"
         )
-    _check_shapes(state_dict, param_map, state)
+    _check_shapes(state_dict, param_map)
     group_names = param_map.group_names()
     matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
     for saved in saved_groups:
@@ -142,7 +144,7 @@ def load_state_dict_(
         _check_group_values(saved, group, f"`param_groups` #{index} ({group_names[index][0]}, ...)")
         matched.append((group, saved))
 
-    owners = {id(p): opt for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    owners = {id(p): (opt, g) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     new_state: dict[torch.Tensor, dict[str, Any]] = {}
     for name, values in state_dict["state"].items():
         entry = param_map.entry(name)
@@ -151,11 +153,18 @@ def load_state_dict_(
                 f"`state_dict`: state for unknown parameter; got {name!r}; expected one of [{shorten(sorted(ours))}]"
             )
         if entry.main is None:
-            continue  # another rank steps it
+            continue  # another rank steps it (and checks it)
         group = param_groups[entry.group]
+        owner, inner_group = owners.get(id(entry.main), (None, group))
+        layout = state_layout_of(owner, entry.main, inner_group, tuple(entry.model.shape)) if owner is not None else None
+        if layout is not None:
+            check_state(values, layout, name=entry.name, complex_param=entry.model.is_complex())
+        else:  # an optimizer class without a known layout: per-element state at least has the param's shape
+            _check_unknown_layout(entry.name, values, tuple(entry.model.shape))
         numel = entry.model.numel()
-        sliced = {key: slice_part(value, entry.part, numel) for key, value in values.items()}
-        restore = getattr(owners.get(id(entry.main)), "restore_state", None)
+        whole = {key: _kind_of(entry.main, value) for key, value in values.items()}
+        sliced = {key: slice_part(value, entry.part, numel) for key, value in whole.items()}
+        restore = getattr(owner, "restore_state", None)
         if restore is not None:  # typed state (precision-aware Adam): its dtypes, checked against its settings
             new_state[entry.main] = restore(sliced, entry.main, entry.name)
             continue
@@ -183,9 +192,9 @@ def load_state_dict_(
         if not entry.master:
             continue
         saved_main = saved_mains[entry.name]
-        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point():
-            shown = f"a {saved_main.dtype} tensor" if isinstance(saved_main, torch.Tensor) else type(saved_main).__name__
-            raise _damaged(f"`main_params[{entry.name!r}]`", shown, "a floating-point tensor")
+        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point() or not _has_data(saved_main):
+            shown = f"a {saved_main.dtype} tensor on {saved_main.device.type}" if isinstance(saved_main, torch.Tensor) else type(saved_main).__name__
+            raise _damaged(f"`main_params[{entry.name!r}]`", shown, "a floating-point tensor with values")
         if not bool(torch.isfinite(saved_main).all()):
             raise _damaged(f"`main_params[{entry.name!r}]`", "NaN or inf values", "finite fp32 main params (was it saved after a diverged step?)")
         if saved_main.shape != entry.model.shape:
@@ -194,7 +203,8 @@ def load_state_dict_(
                 f"{tuple(saved_main.shape)}; expected {tuple(entry.model.shape)}"
             )
         assert entry.main is not None  # local entries have one
-        mains.append((entry.main, slice_part(saved_main, entry.part, entry.model.numel())))
+        saved_main = slice_part(_kind_of(entry.main, saved_main), entry.part, entry.model.numel())
+        mains.append((entry.main, saved_main.to(device=entry.main.device, dtype=entry.main.dtype)))
     scaler_state = state_dict.get("grad_scaler")
     if (scaler_state is None) != (grad_scaler is None):
         raise ValueError(
@@ -254,6 +264,8 @@ def _check_structure(state_dict: Mapping[str, Any]) -> None:
                 raise _damaged(f"`state[{name!r}]['step']`", shown, "a step count >= 0")
             if not isinstance(value, torch.Tensor):
                 continue
+            if not _has_data(value):
+                raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.layout} tensor on {value.device.type}", "a dense tensor with values")
             if key not in ("step", "master_param") and not (value.is_floating_point() or value.is_complex()):
                 raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.dtype} tensor", "floating-point optimizer state")
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
@@ -264,6 +276,12 @@ _NON_NEGATIVE = frozenset({"lr", "weight_decay", "eps", "max_lr", "min_lr", "wd_
 """Group hyperparameters that must be >= 0 (as the optimizers and the scheduler require)."""
 _UNIT_INTERVAL = frozenset({"momentum", "betas", "beta1", "beta2", "shampoo_beta", "dampening"})
 """Group hyperparameters (or each of their elements) that must lie in [0, 1)."""
+
+
+def _has_data(value: torch.Tensor) -> bool:
+    """Whether ``value`` holds values a load can copy: a dense tensor, not on ``meta``."""
+    local = value.to_local() if isinstance(value, DTensor) else value
+    return local.device.type != "meta" and local.layout == torch.strided
 
 
 def _is_number(value: object) -> bool:
@@ -293,12 +311,12 @@ def _check_group_values(saved: Mapping[str, Any], group: Mapping[str, Any], wher
             raise _damaged(f"{where} `{key}`", repr(value)[:60], f"a string, as {mine!r} here")
 
 
-def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Mapping[torch.Tensor, Any]) -> None:
+def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap) -> None:
     """Refuse a checkpoint of params with other shapes (say, another hidden size) before anything changes.
 
-    The checkpoint's ``param_shapes`` (absent from checkpoints saved before it was added:
-    their fp32 main params are still checked) must equal the model's; a state tensor must also have the
-    shape of the one this optimizer already holds for it, if any.
+    The checkpoint's ``param_shapes`` (absent from checkpoints saved before it was added: their
+    state is still checked against each optimizer's layout, and their fp32 main params) must
+    equal the model's.
     """
     for name, shape in (state_dict.get("param_shapes") or {}).items():
         entry = param_map.entry(name)
@@ -307,19 +325,39 @@ def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Map
                 f"`{entry.name}`: shape differs from the checkpoint's; got {tuple(shape)} in the checkpoint; "
                 f"expected {tuple(entry.model.shape)} (was the model changed, e.g. its hidden size?)"
             )
-    for name, values in state_dict["state"].items():
-        entry = param_map.entry(name)
-        current = state.get(entry.main) if entry is not None and entry.main is not None else None
-        if not current or not isinstance(values, Mapping):
-            continue
-        for key, value in values.items():
-            mine = current.get(key)
-            if isinstance(value, torch.Tensor) and isinstance(mine, torch.Tensor) and entry is not None and entry.part is None:
-                if tuple(value.shape) != tuple(mine.shape):
-                    raise ValueError(
-                        f"`{entry.name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; "
-                        f"expected {tuple(mine.shape)}"
-                    )
+
+
+def _check_unknown_layout(name: str, values: Mapping[str, Any], shape: tuple[int, ...]) -> None:
+    """For an optimizer class whose layout is not known (see :mod:`optzoo.optimizers.state_layout`):
+    every tensor of more than one element has the param's shape."""
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor) and value.numel() != 1 and tuple(value.shape) != shape:
+            raise ValueError(f"`{name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; expected {shape}")
+
+
+def _kind_of(param: torch.Tensor, value: Any) -> Any:
+    """``value`` as the kind of tensor ``param`` is: a DTensor placed as ``param`` (FSDP2), or a
+    plain whole tensor, whichever layout the checkpoint was saved from (no dtype or device change).
+
+    A whole tensor of the param's shape is sharded as the param (locally: every rank holds it);
+    another (SOAP's factors, AdaptiveMuon's row moments) is replicated, as the optimizers create
+    them; a DTensor is gathered for a plain param (a collective: every rank loads the same dict).
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, DTensor) and not isinstance(param, DTensor):
+        return value.full_tensor()
+    if not isinstance(param, DTensor) or value.dim() == 0:
+        return value
+    mesh = param.device_mesh
+    if isinstance(value, DTensor):
+        if value.device_mesh == mesh and (value.placements == param.placements or value.shape != param.shape):
+            return value
+        value = value.full_tensor()
+    local = value.to(param.device)
+    if value.shape == param.shape:
+        return DTensor.from_local(take_shard(local, param), mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride())
+    return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:
