@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ device and its params) stands, whatever the saving process chose. Restoring anot
 ``fused`` would change the rounding (torch's fused CPU Adam rounds differently from foreach) or
 ask for a kernel this device lacks."""
 
-__all__ = ["KERNEL_KEYS", "STATE_DICT_FORMAT", "load_state_dict_", "slice_part", "state_dict_of"]
+__all__ = ["KERNEL_KEYS", "STATE_DICT_FORMAT", "check_param_shapes", "load_state_dict_", "slice_part", "state_dict_of"]
 
 STATE_DICT_FORMAT = "optzoo.chained.v1"
 
@@ -83,6 +83,7 @@ def load_state_dict_(
     param_map: ParamMap,
     grad_scaler: MegatronGradScaler | None,
     optimizers: Sequence[torch.optim.Optimizer] = (),
+    agree: Callable[[Exception | None], None] | None = None,
 ) -> None:
     """Restore hyperparameters, state, fp32 main params and the loss scale, matching params by name.
 
@@ -95,7 +96,35 @@ def load_state_dict_(
     dict). Everything is checked before anything changes: a name that exists on one side only,
     a group whose members differ, a group that changed optimizer, main params or a loss scaler
     from another precision setting are each a ``ValueError`` naming both sides.
+
+    ``agree`` (the distributed optimizer's) is called once every check has run on this rank,
+    with this rank's error or ``None``: it raises on every rank if any rank failed, so that all
+    ranks refuse a checkpoint together and none has changed anything.
     """
+    try:
+        apply = _prepare_load(
+            state_dict, param_groups=param_groups, state=state, param_map=param_map, grad_scaler=grad_scaler, optimizers=optimizers
+        )
+    except Exception as error:
+        if agree is None:
+            raise
+        agree(error)  # raises, on every rank
+        raise
+    if agree is not None:
+        agree(None)  # another rank's error is raised here, before this rank changes anything
+    apply()
+
+
+def _prepare_load(
+    state_dict: Mapping[str, Any],
+    *,
+    param_groups: list[dict[str, Any]],
+    state: MutableMapping[torch.Tensor, Any],
+    param_map: ParamMap,
+    grad_scaler: MegatronGradScaler | None,
+    optimizers: Sequence[torch.optim.Optimizer],
+) -> Callable[[], None]:
+    """Every check of :func:`load_state_dict_`, and the loaded values; the returned function changes the optimizer."""
     if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_DICT_FORMAT:
         got = state_dict.get("format") if isinstance(state_dict, Mapping) else type(state_dict).__name__
         raise ValueError(
@@ -120,7 +149,7 @@ def load_state_dict_(
             f"got names only in the checkpoint: [{shorten(unknown)}]; "
             f"expected also: [{shorten(missing)}] (only in this model)"
         )
-    _check_shapes(state_dict, param_map)
+    check_param_shapes(state_dict, param_map)
     group_names = param_map.group_names()
     matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
     for saved in saved_groups:
@@ -215,19 +244,22 @@ def load_state_dict_(
     if grad_scaler is not None:
         grad_scaler.check_state_dict(scaler_state)  # before anything changes
 
-    for group, saved in matched:
-        for key, value in saved.items():
-            if key not in (*STRUCTURAL_KEYS, *KERNEL_KEYS):
-                group[key] = copy.deepcopy(value)
-    state.clear()
-    state.update(new_state)
-    with torch.no_grad():
-        for main, saved_main in mains:
-            main.copy_(saved_main)
-    if grad_scaler is not None and scaler_state is not None:
-        grad_scaler.load_state_dict(scaler_state)
-    for opt in optimizers:  # as torch's loader ends: each class brings older state into its format
-        opt.__setstate__({"state": opt.state, "param_groups": opt.param_groups})  # (a number ``step`` becomes a tensor)
+    def apply() -> None:
+        for group, saved in matched:
+            for key, value in saved.items():
+                if key not in (*STRUCTURAL_KEYS, *KERNEL_KEYS):
+                    group[key] = copy.deepcopy(value)
+        state.clear()
+        state.update(new_state)
+        with torch.no_grad():
+            for main, saved_main in mains:
+                main.copy_(saved_main)
+        if grad_scaler is not None and scaler_state is not None:
+            grad_scaler.load_state_dict(scaler_state)
+        for opt in optimizers:  # as torch's loader ends: each class brings older state into its format
+            opt.__setstate__({"state": opt.state, "param_groups": opt.param_groups})  # (a number ``step`` becomes a tensor)
+
+    return apply
 
 
 def _damaged(where: str, got: str, expected: str) -> ValueError:
@@ -311,7 +343,7 @@ def _check_group_values(saved: Mapping[str, Any], group: Mapping[str, Any], wher
             raise _damaged(f"{where} `{key}`", repr(value)[:60], f"a string, as {mine!r} here")
 
 
-def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap) -> None:
+def check_param_shapes(state_dict: Mapping[str, Any], param_map: ParamMap) -> None:
     """Refuse a checkpoint of params with other shapes (say, another hidden size) before anything changes.
 
     The checkpoint's ``param_shapes`` (absent from checkpoints saved before it was added: their
