@@ -152,6 +152,7 @@ def _prepare_load(
     check_param_shapes(state_dict, param_map)
     group_names = param_map.group_names()
     matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
+    saved_of: dict[int, Mapping[str, Any]] = {}
     for saved in saved_groups:
         names = [canonical(n) for n in saved["param_names"]]
         first = param_map.entry(saved["param_names"][0])
@@ -172,6 +173,7 @@ def _prepare_load(
             )
         _check_group_values(saved, group, f"`param_groups` #{index} ({group_names[index][0]}, ...)")
         matched.append((group, saved))
+        saved_of[index] = saved
 
     owners = {id(p): (opt, g) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     new_state: dict[torch.Tensor, dict[str, Any]] = {}
@@ -185,7 +187,10 @@ def _prepare_load(
             continue  # another rank steps it (and checks it)
         group = param_groups[entry.group]
         owner, inner_group = owners.get(id(entry.main), (None, group))
-        layout = state_layout_of(owner, entry.main, inner_group, tuple(entry.model.shape)) if owner is not None else None
+        # The layout under the settings the group will have: the checkpoint's hyperparameters
+        # (say, AdaptiveMuon's moment2_method) replace this group's, as applied below.
+        loaded_group = {**inner_group, **{k: v for k, v in saved_of[entry.group].items() if k not in (*STRUCTURAL_KEYS, *KERNEL_KEYS)}}
+        layout = state_layout_of(owner, entry.main, loaded_group, tuple(entry.model.shape)) if owner is not None else None
         if layout is not None:
             check_state(values, layout, name=entry.name, complex_param=entry.model.is_complex())
         else:  # an optimizer class without a known layout: per-element state at least has the param's shape

@@ -16,6 +16,9 @@ import pytest
 import torch
 
 from optzoo import OptimizerConfig, OptimizerParamScheduler, get_optimizer
+from optzoo.optimizers.adaptive_muon import AdaptiveMuon
+from optzoo.optimizers.muon import Muon
+from optzoo.optimizers.precision_adam import PrecisionAwareAdam
 from optzoo.wrapper.scalers import DynamicGradScaler
 
 
@@ -213,3 +216,40 @@ def test_scheduler_load_that_fails_changes_nothing() -> None:
     assert {k: v for k, v in before[0].items() if k != "optimizer"} == {k: v for k, v in after[0].items() if k != "optimizer"}
     assert before[1:] == after[1:]
     assert sched.lr_decay_style == "linear" and sched.num_steps == 3
+
+
+# ---- optzoo's optimizer classes, loaded as torch loads (positional state dicts) ----------------
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(Muon, {}), (AdaptiveMuon, {"moment2_method": "normuon"}), (AdaptiveMuon, {"moment2_method": "namo"}), (PrecisionAwareAdam, {})],
+    ids=["Muon", "AdaptiveMuon-normuon", "AdaptiveMuon-namo", "PrecisionAwareAdam"],
+)
+def test_optzoo_classes_refuse_damaged_positional_state_before_anything_changes(cls: type, kwargs: dict[str, Any]) -> None:
+    def stepped() -> tuple[torch.nn.Parameter, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        weight = torch.nn.Parameter(torch.randn(5, 7))
+        opt = cls([weight], lr=1e-2, **kwargs)
+        weight.grad = torch.randn_like(weight)
+        opt.step()
+        return weight, opt
+
+    _, source = stepped()
+    saved = source.state_dict()
+    weight, target = stepped()
+    before = copy.deepcopy(target.state_dict())
+    for key, value in saved["state"][0].items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        for damaged_value in (torch.zeros([n + 1 for n in value.shape]), _reshaped(value)):
+            damaged = copy.deepcopy(saved)
+            damaged["state"][0][key] = damaged_value
+            with pytest.raises(ValueError, match=rf"`state_dict\['state'\]\[0\]`: state `{key}`: shape differs"):
+                target.load_state_dict(damaged)
+            assert_same(target.state_dict(), before)
+        missing = copy.deepcopy(saved)
+        del missing["state"][0][key]
+        with pytest.raises(ValueError, match=rf"`state_dict\['state'\]\[0\]`: .*missing \['{key}'\]"):
+            target.load_state_dict(missing)
+        assert_same(target.state_dict(), before)
