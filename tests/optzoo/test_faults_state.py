@@ -253,3 +253,18 @@ def test_optzoo_classes_refuse_damaged_positional_state_before_anything_changes(
         with pytest.raises(ValueError, match=rf"`state_dict\['state'\]\[0\]`: .*missing \['{key}'\]"):
             target.load_state_dict(missing)
         assert_same(target.state_dict(), before)
+
+
+def test_state_is_checked_under_the_settings_the_checkpoint_brings() -> None:
+    """The loaded groups take the checkpoint's hyperparameters (as torch's load does): a normuon
+    checkpoint's per-column second moment is right for the group once it says normuon again."""
+    saved = trained_state("adaptive_muon-normuon")
+    assert tuple(saved["state"]["weight"]["exp_avg_sq"].shape) == (1, 7)  # one per column of the wide 5x7
+    model, opt = build("adaptive_muon-adamuon", seed=1)
+    opt.load_state_dict(saved)
+    group = next(g for g in opt.param_groups if "weight" in g["param_names"])
+    assert group["moment2_method"] == "normuon"
+    for param in model.parameters():
+        param.grad = torch.randn_like(param)
+    opt.step()
+    assert tuple(opt.state_dict()["state"]["weight"]["exp_avg_sq"].shape) == (1, 7)
