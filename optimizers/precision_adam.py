@@ -766,7 +766,19 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         group = next(g for g in self.param_groups if any(p is param for p in g["params"]))
         return self._restore(saved, param, name, fused=bool(group["fused"]))
 
-    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int | str, *, fused: bool) -> dict[str, torch.Tensor]:
+    @override
+    def _check_loaded_state(self, state_dict: StateDict) -> None:
+        """The saved masters' representation first (its message names the settings), then the layout."""
+        groups, state = state_dict.get("param_groups"), state_dict.get("state")
+        if isinstance(groups, list) and isinstance(state, Mapping):
+            for saved_group in groups:
+                for saved_id in saved_group.get("params", ()):
+                    saved = state.get(saved_id)
+                    if isinstance(saved, Mapping) and (saved.get("master_param") is None or isinstance(saved["master_param"], torch.Tensor)):
+                        self._check_master(saved, saved_id)
+        super()._check_loaded_state(state_dict)
+
+    def _check_master(self, saved: Mapping[str, Any], saved_id: int | str) -> None:
         master = saved.get("master_param")
         found = _master_kind(master)
         wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
@@ -778,6 +790,10 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                 f"(master_weights={self.master_weights}, store_param_remainders={self.store_param_remainders}); "
                 f"got {shown}; expected {wanted}"
             )
+
+    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int | str, *, fused: bool) -> dict[str, torch.Tensor]:
+        self._check_master(saved, saved_id)
+        master = saved.get("master_param")
         values: dict[str, torch.Tensor] = {}
         if "step" in saved:
             device = param.device if fused else torch.device("cpu")  # where _init_state puts it
