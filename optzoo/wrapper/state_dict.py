@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from optzoo._common import shorten
-from optzoo.optimizers.muon_ops import take_shard
 from optzoo.optimizers.state_layout import check_state, state_layout_of
+from optzoo.wrapper._placement import as_kind_of, has_data
 from optzoo.wrapper.param_map import ParamMap, Part
 from optzoo.wrapper.scalers import MegatronGradScaler
 
@@ -196,7 +196,7 @@ def _prepare_load(
         else:  # an optimizer class without a known layout: per-element state at least has the param's shape
             _check_unknown_layout(entry.name, values, tuple(entry.model.shape))
         numel = entry.model.numel()
-        whole = {key: _kind_of(entry.main, value) for key, value in values.items()}
+        whole = {key: as_kind_of(entry.main, value) for key, value in values.items()}
         sliced = {key: slice_part(value, entry.part, numel) for key, value in whole.items()}
         restore = getattr(owner, "restore_state", None)
         if restore is not None:  # typed state (precision-aware Adam): its dtypes, checked against its settings
@@ -226,7 +226,7 @@ def _prepare_load(
         if not entry.master:
             continue
         saved_main = saved_mains[entry.name]
-        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point() or not _has_data(saved_main):
+        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point() or not has_data(saved_main):
             shown = f"a {saved_main.dtype} tensor on {saved_main.device.type}" if isinstance(saved_main, torch.Tensor) else type(saved_main).__name__
             raise _damaged(f"`main_params[{entry.name!r}]`", shown, "a floating-point tensor with values")
         if not bool(torch.isfinite(saved_main).all()):
@@ -237,7 +237,7 @@ def _prepare_load(
                 f"{tuple(saved_main.shape)}; expected {tuple(entry.model.shape)}"
             )
         assert entry.main is not None  # local entries have one
-        saved_main = slice_part(_kind_of(entry.main, saved_main), entry.part, entry.model.numel())
+        saved_main = slice_part(as_kind_of(entry.main, saved_main), entry.part, entry.model.numel())
         mains.append((entry.main, saved_main.to(device=entry.main.device, dtype=entry.main.dtype)))
     scaler_state = state_dict.get("grad_scaler")
     if (scaler_state is None) != (grad_scaler is None):
@@ -301,7 +301,7 @@ def _check_structure(state_dict: Mapping[str, Any]) -> None:
                 raise _damaged(f"`state[{name!r}]['step']`", shown, "a step count >= 0")
             if not isinstance(value, torch.Tensor):
                 continue
-            if not _has_data(value):
+            if not has_data(value):
                 raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.layout} tensor on {value.device.type}", "a dense tensor with values")
             if key not in ("step", "master_param") and not (value.is_floating_point() or value.is_complex()):
                 raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.dtype} tensor", "floating-point optimizer state")
@@ -313,12 +313,6 @@ _NON_NEGATIVE = frozenset({"lr", "weight_decay", "eps", "max_lr", "min_lr", "wd_
 """Group hyperparameters that must be >= 0 (as the optimizers and the scheduler require)."""
 _UNIT_INTERVAL = frozenset({"momentum", "betas", "beta1", "beta2", "shampoo_beta", "dampening"})
 """Group hyperparameters (or each of their elements) that must lie in [0, 1)."""
-
-
-def _has_data(value: torch.Tensor) -> bool:
-    """Whether ``value`` holds values a load can copy: a dense tensor, not on ``meta``."""
-    local = value.to_local() if isinstance(value, DTensor) else value
-    return local.device.type != "meta" and local.layout == torch.strided
 
 
 def _is_number(value: object) -> bool:
@@ -370,31 +364,6 @@ def _check_unknown_layout(name: str, values: Mapping[str, Any], shape: tuple[int
     for key, value in values.items():
         if isinstance(value, torch.Tensor) and value.numel() != 1 and tuple(value.shape) != shape:
             raise ValueError(f"`{name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; expected {shape}")
-
-
-def _kind_of(param: torch.Tensor, value: Any) -> Any:
-    """``value`` as the kind of tensor ``param`` is: a DTensor placed as ``param`` (FSDP2), or a
-    plain whole tensor, whichever layout the checkpoint was saved from (no dtype or device change).
-
-    A whole tensor of the param's shape is sharded as the param (locally: every rank holds it);
-    another (SOAP's factors, AdaptiveMuon's row moments) is replicated, as the optimizers create
-    them; a DTensor is gathered for a plain param (a collective: every rank loads the same dict).
-    """
-    if not isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, DTensor) and not isinstance(param, DTensor):
-        return value.full_tensor()
-    if not isinstance(param, DTensor) or value.dim() == 0:
-        return value
-    mesh = param.device_mesh
-    if isinstance(value, DTensor):
-        if value.device_mesh == mesh and (value.placements == param.placements or value.shape != param.shape):
-            return value
-        value = value.full_tensor()
-    local = value.to(param.device)
-    if value.shape == param.shape:
-        return DTensor.from_local(take_shard(local, param), mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride())
-    return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:
