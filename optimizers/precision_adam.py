@@ -775,10 +775,12 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                 for saved_id in saved_group.get("params", ()):
                     saved = state.get(saved_id)
                     if isinstance(saved, Mapping) and (saved.get("master_param") is None or isinstance(saved["master_param"], torch.Tensor)):
-                        self._check_master(saved, saved_id)
+                        self.check_master(saved, saved_id)
         super()._check_loaded_state(state_dict)
 
-    def _check_master(self, saved: Mapping[str, Any], saved_id: int | str) -> None:
+    def check_master(self, saved: Mapping[str, Any], saved_id: int | str) -> None:
+        """Raise ``ValueError`` unless a saved ``master_param`` is this optimizer's representation of the
+        master (none, a float copy, or int16 remainders), naming the settings that decide it."""
         master = saved.get("master_param")
         found = _master_kind(master)
         wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
@@ -792,7 +794,7 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
             )
 
     def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int | str, *, fused: bool) -> dict[str, torch.Tensor]:
-        self._check_master(saved, saved_id)
+        self.check_master(saved, saved_id)
         master = saved.get("master_param")
         values: dict[str, torch.Tensor] = {}
         if "step" in saved:

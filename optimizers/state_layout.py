@@ -125,7 +125,7 @@ def check_state(values: Mapping[str, Any], layout: Mapping[str, Slot], *, name: 
         if value.device.type == "meta" or value.layout != torch.strided:
             raise ValueError(f"{where}: holds no loadable data; got {_describe(value)} ({value.layout}); expected a dense tensor with values")
         if tuple(value.shape) != slot.shape:
-            raise ValueError(f"{where}: shape differs; got {tuple(value.shape)} in the checkpoint; expected {slot.shape}")
+            raise ValueError(f"`{name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; expected {slot.shape}")
         if slot.kind == "int16":
             ok, wanted = value.dtype == torch.int16, "torch.int16 (bf16 master remainders)"
         elif complex_param:

@@ -190,6 +190,16 @@ def _prepare_load(
         # The layout under the settings the group will have: the checkpoint's hyperparameters
         # (say, AdaptiveMuon's moment2_method) replace this group's, as applied below.
         loaded_group = {**inner_group, **{k: v for k, v in saved_of[entry.group].items() if k not in (*STRUCTURAL_KEYS, *KERNEL_KEYS)}}
+        restore = getattr(owner, "restore_state", None)
+        if restore is None and "master_param" in values:  # the precision setting, named before the layout
+            raise ValueError(
+                f"`{entry.name}`: the checkpoint holds a precision-aware master (`master_param`) that this "
+                f"{group.get('optimizer', 'optimizer')!r} group does not keep; got a state saved with "
+                "use_precision_aware_optimizer=True; expected the same precision settings as when it was saved"
+            )
+        check_master = getattr(owner, "check_master", None)
+        if check_master is not None:  # precision-aware Adam: its master representation, naming its settings
+            check_master(values, entry.name)
         layout = state_layout_of(owner, entry.main, loaded_group, tuple(entry.model.shape)) if owner is not None else None
         if layout is not None:
             check_state(values, layout, name=entry.name, complex_param=entry.model.is_complex())
@@ -198,16 +208,9 @@ def _prepare_load(
         numel = entry.model.numel()
         whole = {key: as_kind_of(entry.main, value) for key, value in values.items()}
         sliced = {key: slice_part(value, entry.part, numel) for key, value in whole.items()}
-        restore = getattr(owner, "restore_state", None)
-        if restore is not None:  # typed state (precision-aware Adam): its dtypes, checked against its settings
+        if restore is not None:  # typed state (precision-aware Adam): its dtypes
             new_state[entry.main] = restore(sliced, entry.main, entry.name)
             continue
-        if "master_param" in sliced:
-            raise ValueError(
-                f"`{entry.name}`: the checkpoint holds a precision-aware master (`master_param`) that this "
-                f"{group.get('optimizer', 'optimizer')!r} group does not keep; got a state saved with "
-                "use_precision_aware_optimizer=True; expected the same precision settings as when it was saved"
-            )
         new_state[entry.main] = {key: _load_value(entry.main, key, value, group) for key, value in sliced.items()}
 
     # A distributed load (DCP) may carry only this rank's main params: each must be there, and

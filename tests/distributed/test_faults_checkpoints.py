@@ -158,6 +158,6 @@ def test_a_checkpoint_refused_on_some_ranks_is_refused_on_all_with_one_message()
         assert all(result[f"{flag} unchanged"] for result in results)
     assert sorted(result["owns_weight"] for result in results) == [False, True]  # one rank sees the damage
     assert {result["one owner"] for result in results} == {
-        "`weight`: state `exp_avg`: shape differs; got (4, 6) in the checkpoint; expected (6, 4)"
+        "`weight`: state `exp_avg` shape differs; got (4, 6) in the checkpoint; expected (6, 4)"
     }
     assert all(result["one owner unchanged"] for result in results)
