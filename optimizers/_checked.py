@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, overload, override
 
 import torch
 from torch.optim.optimizer import StateDict
+
+from .state_layout import check_state
 
 
 _HOOK_DICTS = frozenset(
@@ -105,11 +107,27 @@ class CheckedGroupsOptimizer(KeepsSettingsOptimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        self._check_loaded_state(state_dict)
         hooks, self._optimizer_load_state_dict_pre_hooks = self._optimizer_load_state_dict_pre_hooks, OrderedDict()
         try:
             self._load_state_dict(state_dict)
         finally:
             self._optimizer_load_state_dict_pre_hooks = hooks
+
+    def _check_loaded_state(self, state_dict: StateDict) -> None:
+        """Each param's saved state against this optimizer's ``state_layout`` (where it has one), before
+        anything changes: torch's own loader takes a moment of any shape (see :mod:`.state_layout`)."""
+        layout_of = getattr(self, "state_layout", None)
+        groups, state = state_dict.get("param_groups"), state_dict.get("state")
+        if layout_of is None or not isinstance(groups, list) or not isinstance(state, Mapping):
+            return  # torch's loader raises for a malformed dict
+        for saved_group, group in zip(groups, self.param_groups):
+            for saved_id, param in zip(saved_group.get("params", ()), group["params"]):
+                values = state.get(saved_id)
+                if isinstance(values, Mapping):  # under the saved settings, which torch's load brings in
+                    loaded = {**group, **{k: v for k, v in saved_group.items() if k not in ("params", "matrix_views")}}
+                    layout = layout_of(param, loaded, tuple(param.shape))
+                    check_state(values, layout, name=f"state_dict['state'][{saved_id!r}]", complex_param=param.is_complex())
 
     def _load_state_dict(self, state_dict: StateDict) -> None:
         """Override point: load ``state_dict`` (the hooks' result); :meth:`_torch_load_state_dict` is torch's loader."""

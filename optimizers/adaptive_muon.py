@@ -19,6 +19,7 @@ matrices.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, get_args, override
 
 import torch
@@ -32,6 +33,7 @@ from .muon import (
     take_shard,
 )  # fmt: skip
 from .newton_schulz import CoefficientType, MatmulPrecision
+from .state_layout import Slot, StateLayout
 
 __all__ = [
     "AdaptiveMuon",
@@ -195,13 +197,7 @@ class AdaptiveMuon(Muon):
     @override
     def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         super()._init_state(param, state, group)
-        shape: tuple[int, ...] = tuple(param.shape)  # adamuon: elementwise
-        matrices = list(matrix_shape(param.shape, flatten=group["flatten"], view=self.matrix_view(param, group)))
-        if group["moment2_method"] == "normuon":  # per row (or column) of each matrix
-            matrices[normuon_reduced_dim(*matrices[-2:])] = 1
-            shape = tuple(matrices)
-        elif group["moment2_method"] == "namo":  # per matrix; (1,) for one, as upstream's
-            shape = (*matrices[:-2], 1, 1) if len(matrices) > 2 else (1,)
+        shape = self._moment2_shape(param, group, tuple(param.shape))
         dtype = compute_dtype(param)
         if not isinstance(param, DTensor):
             state["exp_avg_sq"] = torch.zeros(shape, dtype=dtype, device=param.device)
@@ -210,6 +206,20 @@ class AdaptiveMuon(Muon):
         else:
             mesh = param.device_mesh
             state["exp_avg_sq"] = dtensor_zeros(shape, dtype=dtype, device_mesh=mesh, placements=[Replicate()] * mesh.ndim)
+
+    def _moment2_shape(self, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The second moment's shape for a param of (whole) ``shape``."""
+        matrices = list(matrix_shape(shape, flatten=group["flatten"], view=self.matrix_view(param, dict(group))))
+        if group["moment2_method"] == "normuon":  # per row (or column) of each matrix
+            matrices[normuon_reduced_dim(*matrices[-2:])] = 1
+            return tuple(matrices)
+        if group["moment2_method"] == "namo":  # per matrix; (1,) for one, as upstream's
+            return (*matrices[:-2], 1, 1) if len(matrices) > 2 else (1,)
+        return shape  # adamuon: elementwise
+
+    @override
+    def state_layout(self, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
+        return super().state_layout(param, group, shape) | {"exp_avg_sq": Slot(self._moment2_shape(param, group, shape), "float")}
 
     @override
     def _whole_inputs(self, group: dict[str, Any]) -> frozenset[FinishInput]:

@@ -83,6 +83,7 @@ from .newton_schulz import (
     schedule_problem,
 )
 from .owner_compute import Unit, assign_owners, dim0_chunks, from_owners, to_owners
+from .state_layout import StateLayout, per_element
 
 __all__ = [
     "FinishInput",
@@ -737,6 +738,10 @@ class Muon(CheckedGroupsOptimizer):
         return results
 
     # ---- state dict ---------------------------------------------------------------------------
+
+    def state_layout(self, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
+        """The state :meth:`_init_state` gives ``param`` (of whole shape ``shape``), for checking a checkpoint."""
+        return {"momentum_buffer": per_element(shape)}
 
     def restore_state(self, saved: Mapping[str, Any], param: torch.Tensor, name: str) -> dict[str, Any]:
         """One param's saved state for ``optzoo``'s name-keyed loader: floating tensors in the

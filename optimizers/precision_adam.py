@@ -20,7 +20,7 @@ import logging
 import math
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, override
 
 import torch
@@ -31,6 +31,7 @@ from torch.optim.optimizer import ParamsT, StateDict
 from .._common import PARAM_DTYPES, describe_param, has_fused_kernel
 from ._checked import CheckedGroupsOptimizer, check_lr
 from .bf16_remainder import join_bf16_remainder, split_fp32_into_
+from .state_layout import COUNT, StateLayout, per_element
 
 __all__ = [
     "COMPILED_DTYPES",
@@ -750,13 +751,36 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
         for param, values in restored.items():
             self.state[param].update(values)
 
+    def state_layout(self, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
+        """The state :meth:`_init_state` gives ``param`` (of whole shape ``shape``), for checking a checkpoint."""
+        layout = {"step": COUNT, "exp_avg": per_element(shape), "exp_avg_sq": per_element(shape)}
+        if self.store_param_remainders:
+            layout["master_param"] = per_element(shape, "int16")
+        elif self.master_weights:
+            layout["master_param"] = per_element(shape)
+        return layout
+
     def restore_state(self, saved: dict[str, Any], param: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
         """One param's saved state, checked against this optimizer's master representation and
         kept in its dtypes (what ``optzoo``'s name-keyed loader calls); raises ``ValueError``."""
         group = next(g for g in self.param_groups if any(p is param for p in g["params"]))
         return self._restore(saved, param, name, fused=bool(group["fused"]))
 
-    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int | str, *, fused: bool) -> dict[str, torch.Tensor]:
+    @override
+    def _check_loaded_state(self, state_dict: StateDict) -> None:
+        """The saved masters' representation first (its message names the settings), then the layout."""
+        groups, state = state_dict.get("param_groups"), state_dict.get("state")
+        if isinstance(groups, list) and isinstance(state, Mapping):
+            for saved_group in groups:
+                for saved_id in saved_group.get("params", ()):
+                    saved = state.get(saved_id)
+                    if isinstance(saved, Mapping) and (saved.get("master_param") is None or isinstance(saved["master_param"], torch.Tensor)):
+                        self.check_master(saved, saved_id)
+        super()._check_loaded_state(state_dict)
+
+    def check_master(self, saved: Mapping[str, Any], saved_id: int | str) -> None:
+        """Raise ``ValueError`` unless a saved ``master_param`` is this optimizer's representation of the
+        master (none, a float copy, or int16 remainders), naming the settings that decide it."""
         master = saved.get("master_param")
         found = _master_kind(master)
         wanted = "int16 remainders" if self.store_param_remainders else ("a float copy" if self.master_weights else "none")
@@ -768,6 +792,10 @@ class PrecisionAwareAdam(CheckedGroupsOptimizer):
                 f"(master_weights={self.master_weights}, store_param_remainders={self.store_param_remainders}); "
                 f"got {shown}; expected {wanted}"
             )
+
+    def _restore(self, saved: dict[str, Any], param: torch.Tensor, saved_id: int | str, *, fused: bool) -> dict[str, torch.Tensor]:
+        self.check_master(saved, saved_id)
+        master = saved.get("master_param")
         values: dict[str, torch.Tensor] = {}
         if "step" in saved:
             device = param.device if fused else torch.device("cpu")  # where _init_state puts it

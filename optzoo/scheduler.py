@@ -19,6 +19,7 @@ optzoo additions, for torch-style callers (HF Trainer, Lightning): ``step()`` de
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -482,6 +483,16 @@ class OptimizerParamScheduler:
         settings = {key: self._check_and_set(getattr(self, key), value, key) for key, value in found.items()}
         current = {key: getattr(self, key) for key in ("init_lr", "wsd_decay_steps", "lr_wsd_decay_style", *STATE_KEYS)}
         _validate({**current, **settings})
+        # The schedule at the restored step is computed on a copy first: a group whose own range
+        # the restored settings refuse (``get_lr``/``get_wd`` raise) leaves this scheduler and the
+        # groups as they were.
+        candidate = copy.copy(self)
+        for key, value in settings.items():
+            setattr(candidate, key, float(value) if key == "max_lr" else value)
+        candidate.num_steps = num_steps
+        for param_group in self.optimizer.param_groups:
+            candidate.get_lr(param_group)
+            candidate.get_wd(param_group)
         for key, value in settings.items():
             setattr(self, key, float(value) if key == "max_lr" else value)
         self.num_steps = 0

@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/campaign.py [--quick] [--only CATEGORY ...]
 
-Categories: config, routing, step, faults, checkpoint, scheduler, cli, distributed (each section below
+Categories: config, routing, step, faults, checkpoint, loads, scheduler, cli, distributed (each section below
 starts with the rule it applies). CPU only, no network, nothing downloaded; tiny models are
 built in code. The run is deterministic: every trial seeds torch from its own name, and
 ``--quick`` keeps the ~10% of trials whose name hashes to 0 mod 10 (the same ones every run).
@@ -937,6 +937,165 @@ def checkpoint_trials() -> Iterator[Trial]:
                 yield f"{opt}/{dtype}/{how}", lambda o=opt, d=dtype, h=how: damaged_trial(o, d, h)
 
 
+# ---- 4b. loads into a fresh optimizer ----------------------------------------------------------
+# A fresh optimizer (no state of its own to compare with) loading a checkpoint whose state was
+# damaged: each key of each param moved to another shape, dropped, joined by a foreign key, given
+# another dtype kind or no data (meta). ValueError naming the param and the key, and the fresh
+# optimizer's params and state_dict unchanged bit for bit. Also: the dynamic loss scale after a
+# resume with a smaller loss_scale_window grows once the restored tracker reaches the new window;
+# a damaged scheduler state is refused, naming the key, with the schedule and the groups unchanged.
+
+LOAD_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {  # name: (optimizer, dtype, extra config)
+    **{f"{opt}/{dtype}": (opt, dtype, {}) for opt in OPTIMIZERS for dtype in DTYPES},
+    "adam/bf16-precision-aware": ("adam", "bf16", {"use_precision_aware_optimizer": True, "store_param_remainders": False}),
+    "adam/bf16-remainders": ("adam", "bf16", {"use_precision_aware_optimizer": True, "store_param_remainders": True}),
+    **{f"adaptive_muon-{m}/fp32": ("adaptive_muon", "fp32", {"adaptive_muon_moment2_method": m}) for m in ("normuon", "namo")},
+}
+
+
+def fresh(config: str, seed: int) -> tuple[nn.Module, Any]:
+    opt, dtype_key, extra = LOAD_CONFIGS[config]
+    dtype, flags = DTYPES[dtype_key]
+    torch.manual_seed(seed)
+    model = Net().to(dtype)
+    return model, get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt, **flags, **extra), model)
+
+
+@functools.cache
+def source_state(config: str) -> dict[str, Any]:
+    model, opt = fresh(config, seed_from(f"loads/source/{config}"))
+    for k in range(2):
+        set_grads(model, opt, k)
+        assert opt.step()[0], "setup step failed"
+    return copy.deepcopy(opt.state_dict())
+
+
+def load_damage(value: Any, how: str) -> Any:
+    """``value`` damaged as ``how`` says (None: this damage does not apply to it)."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return None
+    if how == "larger":
+        return torch.zeros([n + 1 for n in value.shape], dtype=value.dtype)
+    if how == "reshaped":
+        row = value.reshape(1, -1)
+        return (row if row.shape != value.shape else value.reshape(-1, 1)).clone()
+    if how == "int-kind":
+        return value.to(torch.float32 if value.dtype == torch.int16 else torch.int32)
+    if how == "meta":
+        return torch.empty_like(value, device="meta")
+    raise AssertionError(how)
+
+
+def fresh_load_trial(config: str, param: str, key: str, how: str) -> str | None:
+    checkpoint = copy.deepcopy(source_state(config))
+    values = checkpoint["state"][param]
+    if how == "missing":
+        del values[key]
+    elif how == "unknown":
+        values["bogus_moment"] = torch.zeros(3)
+        key = "bogus_moment"
+    else:
+        values[key] = load_damage(values[key], how)
+    model, opt = fresh(config, seed_from(f"loads/target/{config}"))
+    before = snapshot(model, opt)
+    try:
+        opt.load_state_dict(checkpoint)
+    except ValueError as error:
+        if param not in str(error) or key not in str(error):
+            return f"ValueError does not name both {param!r} and {key!r}: {short(error)}"
+    else:
+        return "damaged state loaded into a fresh optimizer"
+    return f"changed before raising: {r}" if (r := unchanged(model, opt, before)) else None
+
+
+def fresh_roundtrip_trial(config: str) -> str | None:
+    model, opt = fresh(config, seed_from(f"loads/target/{config}"))
+    opt.load_state_dict(copy.deepcopy(source_state(config)))
+    if d := first_difference(source_state(config)["state"], opt.state_dict()["state"], "state"):
+        return f"after load: {d}"
+    set_grads(model, opt, 3)
+    return None if opt.step()[0] else "step after an undamaged load failed"
+
+
+def window_trial(saved_window: int, window: int, tracker: int) -> str | None:
+    """fp16, dynamic scale: a tracker saved under another window, then clean steps. The scale must
+    double at each step where the count of clean steps since the last growth reaches ``window``."""
+    def build(w: int) -> tuple[nn.Module, Any]:
+        torch.manual_seed(0)
+        model = Net().half()
+        config = OptimizerConfig(lr=1e-3, fp16=True, initial_loss_scale=1024.0, loss_scale_window=w)
+        return model, get_optimizer(config, model)
+
+    _, source = build(saved_window)
+    checkpoint = copy.deepcopy(source.state_dict())
+    checkpoint["grad_scaler"]["growth_tracker"] = tracker
+    model, opt = build(window)
+    opt.load_state_dict(checkpoint)
+    count, scale = tracker, 1024.0
+    for step in range(2 * window + 1):
+        set_grads(model, opt, step)
+        if not opt.step()[0]:
+            return f"clean step {step} skipped"
+        count += 1
+        if count >= window:  # by hand: grow, and count again from zero
+            count, scale = 0, scale * 2
+        if (got := float(opt.get_loss_scale())) != scale:
+            return f"after clean step {step + 1} from tracker {tracker} with window {window}: scale {got}; expected {scale}"
+    return None
+
+
+SCHED_DAMAGES: dict[str, tuple[Any, ...]] = {
+    "max_lr": ("abc", None, NAN, -1.0, True), "min_lr": ("abc", NAN, -1.0, 1.0), "lr_warmup_steps": (-1, 1.5, "2", 10, True),
+    "lr_decay_steps": (0, -1, 1.5, None), "lr_decay_style": ("abc", None, 1, "Cosine"), "num_steps": (-1, 1.5, "3", None, True),
+    "start_wd": (-1.0, NAN, "abc"), "end_wd": (-1.0, NAN, None), "wd_incr_style": ("abc", None, "Linear"),
+    "wd_incr_steps": (-1, 1.5, 0, "10"),
+}  # fmt: skip
+
+
+def sched_load_trial(key: str, value: Any) -> str | None:
+    sched = scheduler(use_checkpoint_opt_param_scheduler=True)  # the checkpoint's values are taken: each must be checked
+    sched.step(3)
+    checkpoint = {**sched.state_dict(), key: value}
+    if value is None:
+        del checkpoint[key]
+    before = (copy.deepcopy({k: v for k, v in vars(sched).items() if k != "optimizer"}), [dict(g, params=None) for g in sched.optimizer.param_groups])
+    if reason := expect_raise(lambda: sched.load_state_dict(checkpoint), (key,), (ValueError, TypeError, KeyError)):
+        return reason
+    after = ({k: v for k, v in vars(sched).items() if k != "optimizer"}, [dict(g, params=None) for g in sched.optimizer.param_groups])
+    return None if repr(before) == repr(after) else "scheduler or groups changed before raising"
+
+
+def sched_group_range_trial() -> str | None:
+    """Settings valid alone that a group's own wd range refuses (constant wd, start_wd != end_wd)."""
+    sched = scheduler(use_checkpoint_opt_param_scheduler=True, start_wd=0.1, end_wd=0.1)
+    for group in sched.optimizer.param_groups:
+        group.update(start_wd=0.0, end_wd=0.1)
+    sched.step(3)
+    checkpoint = {**sched.state_dict(), "wd_incr_style": "constant", "lr_decay_style": "linear"}
+    before = repr(({k: v for k, v in vars(sched).items() if k != "optimizer"}, [dict(g, params=None) for g in sched.optimizer.param_groups]))
+    if reason := expect_raise(lambda: sched.load_state_dict(checkpoint), ("wd_incr_style", "start_wd")):
+        return reason
+    after = repr(({k: v for k, v in vars(sched).items() if k != "optimizer"}, [dict(g, params=None) for g in sched.optimizer.param_groups]))
+    return None if before == after else "scheduler or groups changed before raising"
+
+
+def fresh_load_trials() -> Iterator[Trial]:
+    for config in LOAD_CONFIGS:
+        yield f"{config}/roundtrip", lambda c=config: fresh_roundtrip_trial(c)
+        for param, values in source_state(config)["state"].items():
+            for key, value in values.items():
+                for how in ("missing", "larger", "reshaped", "int-kind", "meta"):
+                    if how == "missing" or load_damage(value, how) is not None:
+                        yield f"{config}/{param}/{key}/{how}", lambda c=config, p=param, k=key, h=how: fresh_load_trial(c, p, k, h)
+            yield f"{config}/{param}/unknown-key", lambda c=config, p=param: fresh_load_trial(c, p, "", "unknown")
+    for saved_window, window, tracker in ((8, 3, 5), (1000, 4, 500), (8, 8, 7), (3, 1, 2), (16, 5, 0)):
+        yield f"scaler/window-{saved_window}-to-{window}/tracker-{tracker}", lambda s=saved_window, w=window, t=tracker: window_trial(s, w, t)
+    for key, values in SCHED_DAMAGES.items():
+        for value in values:
+            yield f"scheduler/{key}={value!r}", lambda k=key, v=value: sched_load_trial(k, v)
+    yield "scheduler/group-wd-range", sched_group_range_trial
+
+
 # ---- 5. scheduler ----------------------------------------------------------------------------
 # Wrong-typed or out-of-range arguments: ValueError/TypeError naming the argument, raised before
 # anything changes (step(bad) leaves num_steps and every group's lr as they were).
@@ -1201,7 +1360,7 @@ def dist_results(quick: bool) -> list[tuple[str, str | None]]:
 
 CATEGORIES: dict[str, Callable[[], Iterator[Trial]]] = {
     "config": config_trials, "routing": routing_trials, "step": step_trials, "faults": fault_attack_trials,
-    "checkpoint": checkpoint_trials, "scheduler": scheduler_trials,
+    "checkpoint": checkpoint_trials, "loads": fresh_load_trials, "scheduler": scheduler_trials,
 }  # fmt: skip
 
 

@@ -11,10 +11,29 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from optzoo.wrapper.param_map import ParamMap, Part
 
-__all__ = ["consolidate", "per_element"]
+__all__ = ["agree_on_error", "consolidate", "per_element"]
+
+
+def agree_on_error(error: Exception | None, group: dist.ProcessGroup | None, what: str) -> None:
+    """Raise the same ``ValueError`` on every rank of ``group`` if any rank has an ``error``. A collective.
+
+    A checkpoint refused on some ranks only (each checks the params it holds) would leave the
+    others loaded, or waiting in their next collective; with this every rank refuses it, with
+    the message of the lowest failing rank, before any rank changes anything.
+    """
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    mine = None if error is None else (dist.get_rank(group), type(error).__name__, str(error))
+    dist.all_gather_object(everyone, mine, group=group)
+    failed = [report for report in everyone if report is not None]
+    if not failed:
+        return
+    rank, kind, message = min(failed)
+    shown = message if kind == "ValueError" else f"`{what}`: failed on rank {rank}; got {kind}: {message}; expected a checkpoint every rank loads"
+    raise ValueError(shown) from error
 
 
 def per_element(value: Any, part: Part, full_shape: tuple[int, ...]) -> bool:

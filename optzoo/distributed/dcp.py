@@ -17,10 +17,11 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from optzoo.distributed.checkpoint import per_element
+from optzoo.distributed.checkpoint import agree_on_error, per_element
 from optzoo.distributed.optimizer import DistributedOptimizer
 from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer
 from optzoo.wrapper.param_map import Part
+from optzoo.wrapper.state_dict import check_param_shapes
 
 __all__ = ["load_dcp", "save_dcp"]
 
@@ -67,7 +68,16 @@ def save_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
 
 
 def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
-    """Load a :func:`save_dcp` checkpoint saved with any number of ranks. A collective."""
+    """Load a :func:`save_dcp` checkpoint saved with any number of ranks. A collective.
+
+    A checkpoint of another model (other param shapes) is refused with the same ``ValueError``
+    on every rank, before any rank changes anything.
+
+    Warning:
+        Loading unpickles: torch's DCP stores non-tensor entries with pickle, and the optimizer's
+        groups and loss scale are one such entry. As with ``torch.load(weights_only=False)``, a
+        checkpoint from an untrusted source can run arbitrary code: load only checkpoints you trust.
+    """
     _check_distributed(optimizer, "load_dcp")
     metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
     saved: dict[tuple[str, str, str | None], list[tuple[int, int, str]]] = {}
@@ -85,7 +95,32 @@ def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
         else:
             wanted[key] = torch.empty(size, dtype=properties.properties.dtype)  # type: ignore[union-attr]
     dcp_load(wanted, checkpoint_id=checkpoint_id)
-    meta = pickle.loads(wanted["meta"])  # noqa: S301 - our own checkpoint, as torch.load does
+    # Every rank reads the shards it needs, so a checkpoint of another model could fail on some
+    # ranks only: all refuse it together, with one message, before any rank loads anything.
+    try:
+        loaded = _loaded_state(optimizer, wanted, saved)
+    except Exception as error:
+        agree_on_error(error, optimizer.process_group, "load_dcp")
+        raise
+    agree_on_error(None, optimizer.process_group, "load_dcp")
+    optimizer.load_state_dict(loaded)
+
+
+def _loaded_state(
+    optimizer: DistributedOptimizer, wanted: Mapping[str, Any], saved: Mapping[tuple[str, str, str | None], list[tuple[int, int, str]]]
+) -> dict[str, Any]:
+    """The name-keyed state dict of what this rank read, once the saved shapes are checked against the model's."""
+    meta = pickle.loads(wanted["meta"])  # noqa: S301 - unpickles, as torch.load does: load only trusted checkpoints
+    check_param_shapes(meta, optimizer.param_map)
+    for (_, name, state_key), ranges in saved.items():
+        entry = optimizer.param_map.entry(name)
+        stop = max(b for _, b, _ in ranges)
+        if entry is not None and stop > entry.model.numel():
+            where = f"state `{state_key}`" if state_key else "fp32 main param"
+            raise ValueError(
+                f"`{entry.name}`: {where} in the checkpoint covers elements up to {stop}; got a param of "
+                f"{entry.model.numel()} elements (shape {tuple(entry.model.shape)}); expected the checkpoint's param shape"
+            )
     full_state: dict[str, dict[str, Any]] = {}
     mains: dict[str, torch.Tensor] = {}
     for (kind, name, state_key), ranges in saved.items():
@@ -101,7 +136,7 @@ def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
         else:
             assert state_key is not None  # state keys always name their entry
             full_state.setdefault(name, {})[state_key] = _assemble(pieces, param)
-    optimizer.load_state_dict({**meta, "state": full_state, "main_params": mains})
+    return {**meta, "state": full_state, "main_params": mains}
 
 
 def _needed_keys(optimizer: DistributedOptimizer, saved: Mapping[tuple[str, str, str | None], list[tuple[int, int, str]]]) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from optzoo.distributed.checkpoint import consolidate
+from optzoo.distributed.checkpoint import agree_on_error, consolidate
 from optzoo._common import shorten
 from optzoo.distributed.plan import ShardingPlan
 from optzoo.distributed.setup import ExpertLayout
@@ -215,16 +215,20 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         saved = {n for g in state_dict["param_groups"] for n in g.get("param_names", ())}
         absent = sorted(set(layout.elsewhere) - saved)
         if absent:
-            raise ValueError(
+            self._agree_on_load(ValueError(
                 "`state_dict`: lacks experts that other expert-parallel ranks hold; "
                 f"got a checkpoint without [{shorten(absent)}]; expected every expert (a checkpoint saved "
                 "with global expert names)"
-            )
+            ))
         elsewhere = set(layout.elsewhere)
         groups = [
             {**group, "param_names": [n for n in group["param_names"] if n not in elsewhere]} for group in state_dict["param_groups"]
         ]
         super()._load_state_dict({**_without(state_dict, elsewhere), "param_groups": groups})
+
+    def _agree_on_load(self, error: Exception | None) -> None:
+        """Every rank checks the state of what it owns: all refuse together, before any changes (a collective)."""
+        agree_on_error(error, self.process_group, "load_state_dict")
 
     @property
     def _expert_names(self) -> set[str]:

@@ -526,8 +526,14 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         """Override point: the checked load, between the hooks."""
         load_state_dict_(
             state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
-            optimizers=self.optimizers,
+            optimizers=self.optimizers, agree=self._agree_on_load,
         )  # fmt: skip
+
+    def _agree_on_load(self, error: Exception | None) -> None:
+        """Override point: called once a load's checks have run here, with their error or ``None``;
+        raises to refuse the load (one process: its own error)."""
+        if error is not None:
+            raise error
 
 
 @contextlib.contextmanager

@@ -149,7 +149,9 @@ class DynamicGradScaler(MegatronGradScaler):
                 self._scale = torch.max(self._scale * self.backoff_factor, self.min_scale)
         else:
             self._growth_tracker += 1
-            if self._growth_tracker == self.growth_interval:
+            # ``>=``, not Megatron-Core's ``==``: a tracker restored from a run with a longer
+            # ``loss_scale_window`` may already exceed this one, and would otherwise never grow again.
+            if self._growth_tracker >= self.growth_interval:
                 self._growth_tracker = 0
                 self._hysteresis_tracker = self.hysteresis
                 self._scale = self._scale * self.growth_factor

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from optzoo._common import shorten
+from optzoo.optimizers.state_layout import check_state, state_layout_of
+from optzoo.wrapper._placement import as_kind_of, has_data
 from optzoo.wrapper.param_map import ParamMap, Part
 from optzoo.wrapper.scalers import MegatronGradScaler
 
@@ -30,7 +32,7 @@ device and its params) stands, whatever the saving process chose. Restoring anot
 ``fused`` would change the rounding (torch's fused CPU Adam rounds differently from foreach) or
 ask for a kernel this device lacks."""
 
-__all__ = ["KERNEL_KEYS", "STATE_DICT_FORMAT", "load_state_dict_", "slice_part", "state_dict_of"]
+__all__ = ["KERNEL_KEYS", "STATE_DICT_FORMAT", "check_param_shapes", "load_state_dict_", "slice_part", "state_dict_of"]
 
 STATE_DICT_FORMAT = "optzoo.chained.v1"
 
@@ -81,6 +83,7 @@ def load_state_dict_(
     param_map: ParamMap,
     grad_scaler: MegatronGradScaler | None,
     optimizers: Sequence[torch.optim.Optimizer] = (),
+    agree: Callable[[Exception | None], None] | None = None,
 ) -> None:
     """Restore hyperparameters, state, fp32 main params and the loss scale, matching params by name.
 
@@ -93,7 +96,35 @@ def load_state_dict_(
     dict). Everything is checked before anything changes: a name that exists on one side only,
     a group whose members differ, a group that changed optimizer, main params or a loss scaler
     from another precision setting are each a ``ValueError`` naming both sides.
+
+    ``agree`` (the distributed optimizer's) is called once every check has run on this rank,
+    with this rank's error or ``None``: it raises on every rank if any rank failed, so that all
+    ranks refuse a checkpoint together and none has changed anything.
     """
+    try:
+        apply = _prepare_load(
+            state_dict, param_groups=param_groups, state=state, param_map=param_map, grad_scaler=grad_scaler, optimizers=optimizers
+        )
+    except Exception as error:
+        if agree is None:
+            raise
+        agree(error)  # raises, on every rank
+        raise
+    if agree is not None:
+        agree(None)  # another rank's error is raised here, before this rank changes anything
+    apply()
+
+
+def _prepare_load(
+    state_dict: Mapping[str, Any],
+    *,
+    param_groups: list[dict[str, Any]],
+    state: MutableMapping[torch.Tensor, Any],
+    param_map: ParamMap,
+    grad_scaler: MegatronGradScaler | None,
+    optimizers: Sequence[torch.optim.Optimizer],
+) -> Callable[[], None]:
+    """Every check of :func:`load_state_dict_`, and the loaded values; the returned function changes the optimizer."""
     if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_DICT_FORMAT:
         got = state_dict.get("format") if isinstance(state_dict, Mapping) else type(state_dict).__name__
         raise ValueError(
@@ -118,9 +149,10 @@ def load_state_dict_(
             f"got names only in the checkpoint: [{shorten(unknown)}]; "
             f"expected also: [{shorten(missing)}] (only in this model)"
         )
-    _check_shapes(state_dict, param_map, state)
+    check_param_shapes(state_dict, param_map)
     group_names = param_map.group_names()
     matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
+    saved_of: dict[int, Mapping[str, Any]] = {}
     for saved in saved_groups:
         names = [canonical(n) for n in saved["param_names"]]
         first = param_map.entry(saved["param_names"][0])
@@ -141,8 +173,9 @@ def load_state_dict_(
             )
         _check_group_values(saved, group, f"`param_groups` #{index} ({group_names[index][0]}, ...)")
         matched.append((group, saved))
+        saved_of[index] = saved
 
-    owners = {id(p): opt for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    owners = {id(p): (opt, g) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     new_state: dict[torch.Tensor, dict[str, Any]] = {}
     for name, values in state_dict["state"].items():
         entry = param_map.entry(name)
@@ -151,20 +184,33 @@ def load_state_dict_(
                 f"`state_dict`: state for unknown parameter; got {name!r}; expected one of [{shorten(sorted(ours))}]"
             )
         if entry.main is None:
-            continue  # another rank steps it
+            continue  # another rank steps it (and checks it)
         group = param_groups[entry.group]
-        numel = entry.model.numel()
-        sliced = {key: slice_part(value, entry.part, numel) for key, value in values.items()}
-        restore = getattr(owners.get(id(entry.main)), "restore_state", None)
-        if restore is not None:  # typed state (precision-aware Adam): its dtypes, checked against its settings
-            new_state[entry.main] = restore(sliced, entry.main, entry.name)
-            continue
-        if "master_param" in sliced:
+        owner, inner_group = owners.get(id(entry.main), (None, group))
+        # The layout under the settings the group will have: the checkpoint's hyperparameters
+        # (say, AdaptiveMuon's moment2_method) replace this group's, as applied below.
+        loaded_group = {**inner_group, **{k: v for k, v in saved_of[entry.group].items() if k not in (*STRUCTURAL_KEYS, *KERNEL_KEYS)}}
+        restore = getattr(owner, "restore_state", None)
+        if restore is None and "master_param" in values:  # the precision setting, named before the layout
             raise ValueError(
                 f"`{entry.name}`: the checkpoint holds a precision-aware master (`master_param`) that this "
                 f"{group.get('optimizer', 'optimizer')!r} group does not keep; got a state saved with "
                 "use_precision_aware_optimizer=True; expected the same precision settings as when it was saved"
             )
+        check_master = getattr(owner, "check_master", None)
+        if check_master is not None:  # precision-aware Adam: its master representation, naming its settings
+            check_master(values, entry.name)
+        layout = state_layout_of(owner, entry.main, loaded_group, tuple(entry.model.shape)) if owner is not None else None
+        if layout is not None:
+            check_state(values, layout, name=entry.name, complex_param=entry.model.is_complex())
+        else:  # an optimizer class without a known layout: per-element state at least has the param's shape
+            _check_unknown_layout(entry.name, values, tuple(entry.model.shape))
+        numel = entry.model.numel()
+        whole = {key: as_kind_of(entry.main, value) for key, value in values.items()}
+        sliced = {key: slice_part(value, entry.part, numel) for key, value in whole.items()}
+        if restore is not None:  # typed state (precision-aware Adam): its dtypes
+            new_state[entry.main] = restore(sliced, entry.main, entry.name)
+            continue
         new_state[entry.main] = {key: _load_value(entry.main, key, value, group) for key, value in sliced.items()}
 
     # A distributed load (DCP) may carry only this rank's main params: each must be there, and
@@ -183,9 +229,9 @@ def load_state_dict_(
         if not entry.master:
             continue
         saved_main = saved_mains[entry.name]
-        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point():
-            shown = f"a {saved_main.dtype} tensor" if isinstance(saved_main, torch.Tensor) else type(saved_main).__name__
-            raise _damaged(f"`main_params[{entry.name!r}]`", shown, "a floating-point tensor")
+        if not isinstance(saved_main, torch.Tensor) or not saved_main.is_floating_point() or not has_data(saved_main):
+            shown = f"a {saved_main.dtype} tensor on {saved_main.device.type}" if isinstance(saved_main, torch.Tensor) else type(saved_main).__name__
+            raise _damaged(f"`main_params[{entry.name!r}]`", shown, "a floating-point tensor with values")
         if not bool(torch.isfinite(saved_main).all()):
             raise _damaged(f"`main_params[{entry.name!r}]`", "NaN or inf values", "finite fp32 main params (was it saved after a diverged step?)")
         if saved_main.shape != entry.model.shape:
@@ -194,7 +240,8 @@ def load_state_dict_(
                 f"{tuple(saved_main.shape)}; expected {tuple(entry.model.shape)}"
             )
         assert entry.main is not None  # local entries have one
-        mains.append((entry.main, slice_part(saved_main, entry.part, entry.model.numel())))
+        saved_main = slice_part(as_kind_of(entry.main, saved_main), entry.part, entry.model.numel())
+        mains.append((entry.main, saved_main.to(device=entry.main.device, dtype=entry.main.dtype)))
     scaler_state = state_dict.get("grad_scaler")
     if (scaler_state is None) != (grad_scaler is None):
         raise ValueError(
@@ -205,19 +252,22 @@ def load_state_dict_(
     if grad_scaler is not None:
         grad_scaler.check_state_dict(scaler_state)  # before anything changes
 
-    for group, saved in matched:
-        for key, value in saved.items():
-            if key not in (*STRUCTURAL_KEYS, *KERNEL_KEYS):
-                group[key] = copy.deepcopy(value)
-    state.clear()
-    state.update(new_state)
-    with torch.no_grad():
-        for main, saved_main in mains:
-            main.copy_(saved_main)
-    if grad_scaler is not None and scaler_state is not None:
-        grad_scaler.load_state_dict(scaler_state)
-    for opt in optimizers:  # as torch's loader ends: each class brings older state into its format
-        opt.__setstate__({"state": opt.state, "param_groups": opt.param_groups})  # (a number ``step`` becomes a tensor)
+    def apply() -> None:
+        for group, saved in matched:
+            for key, value in saved.items():
+                if key not in (*STRUCTURAL_KEYS, *KERNEL_KEYS):
+                    group[key] = copy.deepcopy(value)
+        state.clear()
+        state.update(new_state)
+        with torch.no_grad():
+            for main, saved_main in mains:
+                main.copy_(saved_main)
+        if grad_scaler is not None and scaler_state is not None:
+            grad_scaler.load_state_dict(scaler_state)
+        for opt in optimizers:  # as torch's loader ends: each class brings older state into its format
+            opt.__setstate__({"state": opt.state, "param_groups": opt.param_groups})  # (a number ``step`` becomes a tensor)
+
+    return apply
 
 
 def _damaged(where: str, got: str, expected: str) -> ValueError:
@@ -254,6 +304,8 @@ def _check_structure(state_dict: Mapping[str, Any]) -> None:
                 raise _damaged(f"`state[{name!r}]['step']`", shown, "a step count >= 0")
             if not isinstance(value, torch.Tensor):
                 continue
+            if not has_data(value):
+                raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.layout} tensor on {value.device.type}", "a dense tensor with values")
             if key not in ("step", "master_param") and not (value.is_floating_point() or value.is_complex()):
                 raise _damaged(f"`state[{name!r}][{key!r}]`", f"a {value.dtype} tensor", "floating-point optimizer state")
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
@@ -293,12 +345,12 @@ def _check_group_values(saved: Mapping[str, Any], group: Mapping[str, Any], wher
             raise _damaged(f"{where} `{key}`", repr(value)[:60], f"a string, as {mine!r} here")
 
 
-def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Mapping[torch.Tensor, Any]) -> None:
+def check_param_shapes(state_dict: Mapping[str, Any], param_map: ParamMap) -> None:
     """Refuse a checkpoint of params with other shapes (say, another hidden size) before anything changes.
 
-    The checkpoint's ``param_shapes`` (absent from checkpoints saved before it was added:
-    their fp32 main params are still checked) must equal the model's; a state tensor must also have the
-    shape of the one this optimizer already holds for it, if any.
+    The checkpoint's ``param_shapes`` (absent from checkpoints saved before it was added: their
+    state is still checked against each optimizer's layout, and their fp32 main params) must
+    equal the model's.
     """
     for name, shape in (state_dict.get("param_shapes") or {}).items():
         entry = param_map.entry(name)
@@ -307,19 +359,14 @@ def _check_shapes(state_dict: Mapping[str, Any], param_map: ParamMap, state: Map
                 f"`{entry.name}`: shape differs from the checkpoint's; got {tuple(shape)} in the checkpoint; "
                 f"expected {tuple(entry.model.shape)} (was the model changed, e.g. its hidden size?)"
             )
-    for name, values in state_dict["state"].items():
-        entry = param_map.entry(name)
-        current = state.get(entry.main) if entry is not None and entry.main is not None else None
-        if not current or not isinstance(values, Mapping):
-            continue
-        for key, value in values.items():
-            mine = current.get(key)
-            if isinstance(value, torch.Tensor) and isinstance(mine, torch.Tensor) and entry is not None and entry.part is None:
-                if tuple(value.shape) != tuple(mine.shape):
-                    raise ValueError(
-                        f"`{entry.name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; "
-                        f"expected {tuple(mine.shape)}"
-                    )
+
+
+def _check_unknown_layout(name: str, values: Mapping[str, Any], shape: tuple[int, ...]) -> None:
+    """For an optimizer class whose layout is not known (see :mod:`optzoo.optimizers.state_layout`):
+    every tensor of more than one element has the param's shape."""
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor) and value.numel() != 1 and tuple(value.shape) != shape:
+            raise ValueError(f"`{name}`: state `{key}` shape differs; got {tuple(value.shape)} in the checkpoint; expected {shape}")
 
 
 def _load_value(param: torch.Tensor, key: str, value: Any, group: Mapping[str, Any]) -> Any:
