@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from dataclasses import dataclass, field
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ __all__ = [
     "ExpertLayout",
     "check_same_model",
     "check_same_settings",
+    "collective_settings",
     "data_parallel_group",
     "distributed_flag",
     "expert_data_parallel_group",
@@ -81,13 +82,48 @@ def is_expert(routed: RoutedParam) -> bool:
     return "expert" in routed.roles.roles
 
 
-def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.ProcessGroup, *, experts: bool | None = None) -> None:
-    """Fail fast, on every rank, when ranks resolved different params or groups.
+def collective_settings(
+    process_group: dist.ProcessGroup,
+    *,
+    param_sync: str,
+    expert_process_group: dist.ProcessGroup | None,
+    config: OptimizerConfig,
+) -> dict[str, str]:
+    """What, besides the config (every field of which :func:`resolved_settings` holds), decides
+    which collectives a rank of the distributed optimizers calls, as comparable strings.
+
+    ``param_sync`` (all-gather or one broadcast per rank after each step), the data-parallel
+    group's ranks and the expert data-parallel group's ranks (``None``: no expert plan, so no
+    expert exchanges), and, with ``barrier_with_L1_time``, whether ``timers`` is set (its timers
+    call a barrier). A rank that differs in any of them would call other collectives than the
+    others and hang until the collective timeout.
+    """
+    experts = None if expert_process_group is None else dist.get_process_group_ranks(expert_process_group)
+    settings = {
+        "param_sync": repr(param_sync),
+        "data-parallel group ranks": repr(dist.get_process_group_ranks(process_group)),
+        "expert data-parallel group ranks": repr(experts),
+    }
+    if config.barrier_with_L1_time:
+        settings["timers"] = "set" if config.timers is not None else "None"
+    return settings
+
+
+def check_same_model(
+    groups: Sequence[ResolvedGroup],
+    process_group: dist.ProcessGroup,
+    *,
+    experts: bool | None = None,
+    collectives: Mapping[str, str] | None = None,
+) -> None:
+    """Fail fast, on every rank, when ranks resolved different params or groups, or other collectives.
 
     Ranks exchange one fingerprint (names, shapes, dtypes, group configs) before any collective
     sized by the params, which would otherwise hang or corrupt memory. ``experts``: compare
     only the expert params (``True``) or only the others (``False``); expert-parallel ranks hold
     different experts, so those are compared within their expert data-parallel group.
+    ``collectives`` (:func:`collective_settings`) are compared first: ranks that differ there
+    may have compared different subsets of their params.
     """
     described = [
         (group.index, group.optimizer, name, tuple(routed.param.shape), str(routed.param.dtype))
@@ -96,11 +132,15 @@ def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.Proces
         if experts is None or is_expert(routed) == experts
     ]
     settings = resolved_settings(groups)
+    my_collectives = dict(collectives or {})
     digest = hashlib.sha256(repr((described, settings)).encode()).hexdigest()
     everyone: list[Any] = [None] * dist.get_world_size(process_group)
-    dist.all_gather_object(everyone, (digest, described, settings), group=process_group)
+    dist.all_gather_object(everyone, (digest, described, settings, my_collectives), group=process_group)
     mine = dist.get_rank(process_group)
-    for rank, (other_digest, other, other_settings) in enumerate(everyone):
+    for rank, (*_, other_collectives) in enumerate(everyone):
+        if other_collectives != my_collectives:
+            _raise_different_settings(my_collectives, other_collectives, rank, mine)
+    for rank, (other_digest, other, other_settings, _) in enumerate(everyone):
         if other_digest == digest:
             continue
         if other == described:
@@ -134,7 +174,8 @@ def _raise_different_settings(ours: dict[str, str], theirs: dict[str, str], rank
     raise ValueError(
         f"distributed optimizer: rank {rank} resolved other settings than rank {mine}; got {shown}"
         f"{f' (+{len(differing) - 5} more)' if len(differing) > 5 else ''}; expected the same config, "
-        "precision flags and overrides on every rank (one step would mix them, or a collective would abort)"
+        "precision flags, overrides and get_optimizer arguments (param_sync, process groups) on every rank "
+        "(one step would mix them, or a collective would abort or hang)"
     )
 
 
