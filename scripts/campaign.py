@@ -1136,12 +1136,113 @@ def dist_check(opt_name: str, dtype: str, mode: str, check: str) -> str | None:
     raise AssertionError(check)
 
 
+# Issue 24: ranks that disagree on something that changes the collectives (a get_optimizer
+# argument or a config field) raise a ValueError on every rank naming it, at build time, instead
+# of hanging at the first step; and a layer-wise owner's non-contiguous params (transposed, with
+# gaps) reach every rank: two steps give one process's params (<= 1e-6; bitwise for element-wise).
+
+
+class _Timers:
+    """Megatron-style timers: ``timers(name, log_level=1)`` with ``start(barrier=...)``/``stop()``."""
+
+    def __call__(self, name: str, log_level: int = 1) -> "_Timers":
+        return self
+
+    def start(self, barrier: bool = False) -> None:
+        if barrier:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def stop(self, barrier: bool = False) -> None:
+        pass
+
+
+DISAGREE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {  # rank 1's config changes, its kwargs, the key named
+    "param_sync": ({}, {"param_sync": "broadcast"}, "param_sync = "),
+    "lr": ({"lr": 2e-2}, {}, "#0 lr = "),
+    "clip_grad": ({"clip_grad": 0.5}, {}, "clip_grad = "),
+    "fold_clip_and_scale": ({"fold_clip_and_scale": False}, {}, "fold_clip_and_scale = "),
+    "log_num_zeros_in_grad": ({"log_num_zeros_in_grad": True}, {}, "log_num_zeros_in_grad = "),
+    "grad_norm_skip_threshold": ({"grad_norm_skip_threshold": 10.0}, {}, "grad_norm_skip_threshold = "),
+    "fp16": ({"fp16": True}, {}, "fp16 = "),
+    "bf16": ({"bf16": True}, {}, "bf16 = "),
+    "barrier_with_L1_time": ({"barrier_with_L1_time": True}, {}, "barrier_with_L1_time = "),
+    "timers-with-barrier": ({"timers": _Timers()}, {}, "timer barriers (timers set and barrier_with_L1_time) = "),
+    "other-flag": ({}, {}, "use_distributed_optimizer = "),
+    "expert_group": ({}, {}, "expert data-parallel group ranks = "),
+}
+
+
+def disagree_trial(mode: str, setting: str) -> str | None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    changes, kwargs, key = DISAGREE[setting]
+    model = Net()
+    barrier = {"barrier_with_L1_time": True} if setting == "timers-with-barrier" else {}
+    config = OptimizerConfig(lr=1e-2, **DIST_FLAGS[mode], **barrier)
+    if setting == "other-flag" and rank == 1:
+        config = OptimizerConfig(lr=1e-2, **DIST_FLAGS["sharded" if mode == "layer_wise" else "layer_wise"])
+    elif rank == 1:
+        config = config.replace(**changes)
+    kwargs = kwargs if rank == 1 else {}
+    if setting == "expert_group":
+        model.body[2].weight.allreduce = False  # type: ignore[union-attr]  # Megatron's expert tag
+        singles = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes every group
+        kwargs = {"expert_process_group": singles[0]} if rank == 0 else {}
+    try:
+        get_optimizer(config, model, lint=False, **kwargs)
+    except ValueError as error:
+        message, other = str(error), 1 - rank
+        expected = f"distributed optimizer: rank {other} resolved other settings than rank {rank}; got "
+        if not message.startswith(expected) or key not in message:
+            return f"does not name {key.strip()!r} (rank {other} against {rank}): {short(message)}"
+        return None
+    except Exception as error:  # noqa: BLE001 - the wrong type is the finding
+        return f"wrong exception {type(error).__name__}: {short(error)}"
+    return "built: the ranks' disagreement went unnoticed"
+
+
+class OddLayouts(nn.Module):
+    """Params ``view(-1)`` cannot flatten: a transpose and a column slice with gaps, beside a dense one."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.transposed = nn.Parameter(torch.randn(5, 7).t())
+        self.gapped = nn.Parameter(torch.randn(6, 8)[:, ::2])
+        self.dense = nn.Parameter(torch.randn(4, 3))
+
+
+def noncontig_trial(opt_name: str) -> str | None:
+    seed = seed_from(f"noncontig/{opt_name}")
+    runs = []
+    for flags in (DIST_FLAGS["layer_wise"], {}):
+        model = OddLayouts(seed)
+        optimizer = get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt_name, clip_grad=0.0, **flags), model, {}, lint=False, trace=False)
+        for step in range(2):
+            generator = torch.Generator().manual_seed(seed + step)
+            for param in model.parameters():
+                param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        if model.transposed.stride() != (1, 7) or model.gapped.stride() != (8, 2):
+            return f"layouts changed: {model.transposed.stride()}, {model.gapped.stride()}"
+        runs.append(list(model.parameters()))
+    worst = max(float((a - b).abs().max()) for a, b in zip(*runs))
+    return None if worst <= 1e-6 else f"params differ from one process's by {worst:.3g}"
+
+
 def dist_trials() -> Iterator[Trial]:
     for mode in DIST_FLAGS:
         for opt in OPTIMIZERS:
             for dtype in DTYPES:
                 for check in ("match", "norm", "nan-all", "nan-one-rank", "roundtrip", "foreign"):
                     yield f"{mode}/{opt}/{dtype}/{check}", lambda o=opt, d=dtype, m=mode, c=check: dist_check(o, d, m, c)
+        for setting in DISAGREE:
+            yield f"{mode}/disagree/{setting}", lambda m=mode, s=setting: disagree_trial(m, s)
+    for opt in OPTIMIZERS:
+        yield f"layer_wise/noncontig/{opt}", lambda o=opt: noncontig_trial(o)
 
 
 def dist_worker(out: str, quick: bool) -> int:

@@ -94,8 +94,8 @@ def collective_settings(
 
     ``param_sync`` (all-gather or one broadcast per rank after each step), the data-parallel
     group's ranks and the expert data-parallel group's ranks (``None``: no expert plan, so no
-    expert exchanges), and, with ``barrier_with_L1_time``, whether ``timers`` is set (its timers
-    call a barrier). A rank that differs in any of them would call other collectives than the
+    expert exchanges), and whether the step's timers call barriers (``timers`` set and
+    ``barrier_with_L1_time``). A rank that differs in any of them would call other collectives than the
     others and hang until the collective timeout.
     """
     experts = None if expert_process_group is None else dist.get_process_group_ranks(expert_process_group)
@@ -104,8 +104,7 @@ def collective_settings(
         "data-parallel group ranks": repr(dist.get_process_group_ranks(process_group)),
         "expert data-parallel group ranks": repr(experts),
     }
-    if config.barrier_with_L1_time:
-        settings["timers"] = "set" if config.timers is not None else "None"
+    settings["timer barriers (timers set and barrier_with_L1_time)"] = repr(config.timers is not None and config.barrier_with_L1_time)
     return settings
 
 
