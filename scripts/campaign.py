@@ -1170,7 +1170,7 @@ DISAGREE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {  # rank 1's 
     "barrier_with_L1_time": ({"barrier_with_L1_time": True}, {}, "barrier_with_L1_time = "),
     "timers-with-barrier": ({"timers": _Timers()}, {}, "timer barriers (timers set and barrier_with_L1_time) = "),
     "other-flag": ({}, {}, "use_distributed_optimizer = "),
-    "expert_group": ({}, {}, "expert data-parallel group ranks = "),
+    "expert_group": ({}, {}, "expert data-parallel group size = "),
 }
 
 

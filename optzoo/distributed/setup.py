@@ -82,30 +82,36 @@ def is_expert(routed: RoutedParam) -> bool:
     return "expert" in routed.roles.roles
 
 
+EXPERT_RANKS = "expert data-parallel group ranks"
+"""The one entry of :func:`collective_settings` that legitimately differs between ranks: it is
+checked as a partition of the data-parallel group, not for equality."""
+
+
 def collective_settings(
     process_group: dist.ProcessGroup,
     *,
     param_sync: str,
     expert_process_group: dist.ProcessGroup | None,
     config: OptimizerConfig,
-) -> dict[str, str]:
+) -> dict[str, Any]:
     """What, besides the config (every field of which :func:`resolved_settings` holds), decides
-    which collectives a rank of the distributed optimizers calls, as comparable strings.
+    which collectives a rank of the distributed optimizers calls.
 
     ``param_sync`` (all-gather or one broadcast per rank after each step), the data-parallel
-    group's ranks and the expert data-parallel group's ranks (``None``: no expert plan, so no
-    expert exchanges), and whether the step's timers call barriers (``timers`` set and
-    ``barrier_with_L1_time``). A rank that differs in any of them would call other collectives than the
-    others and hang until the collective timeout.
+    group's ranks, the expert data-parallel group's size (``None``: no expert plan, so no expert
+    exchanges) and ranks (:data:`EXPERT_RANKS`: each rank's own group, so these must partition
+    the data-parallel group rather than be equal), and whether the step's timers call barriers
+    (``timers`` set and ``barrier_with_L1_time``). A rank that differs in any of them would call
+    other collectives than the others and hang until the collective timeout.
     """
-    experts = None if expert_process_group is None else dist.get_process_group_ranks(expert_process_group)
-    settings = {
+    experts = None if expert_process_group is None else tuple(dist.get_process_group_ranks(expert_process_group))
+    return {
         "param_sync": repr(param_sync),
         "data-parallel group ranks": repr(dist.get_process_group_ranks(process_group)),
-        "expert data-parallel group ranks": repr(experts),
+        "expert data-parallel group size": repr(None if experts is None else len(experts)),
+        EXPERT_RANKS: experts,
+        "timer barriers (timers set and barrier_with_L1_time)": repr(config.timers is not None and config.barrier_with_L1_time),
     }
-    settings["timer barriers (timers set and barrier_with_L1_time)"] = repr(config.timers is not None and config.barrier_with_L1_time)
-    return settings
 
 
 def check_same_model(
@@ -113,7 +119,7 @@ def check_same_model(
     process_group: dist.ProcessGroup,
     *,
     experts: bool | None = None,
-    collectives: Mapping[str, str] | None = None,
+    collectives: Mapping[str, Any] | None = None,
 ) -> None:
     """Fail fast, on every rank, when ranks resolved different params or groups, or other collectives.
 
@@ -136,9 +142,7 @@ def check_same_model(
     everyone: list[Any] = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(everyone, (digest, described, settings, my_collectives), group=process_group)
     mine = dist.get_rank(process_group)
-    for rank, (*_, other_collectives) in enumerate(everyone):
-        if other_collectives != my_collectives:
-            _raise_different_settings(my_collectives, other_collectives, rank, mine)
+    _check_same_collectives([entry[3] for entry in everyone], dist.get_process_group_ranks(process_group), mine)
     for rank, (other_digest, other, other_settings, _) in enumerate(everyone):
         if other_digest == digest:
             continue
@@ -151,6 +155,23 @@ def check_same_model(
             f"expected also: [{shorten([repr(d) for d in sorted(ours - theirs)])}] (only on rank {mine}); "
             "every rank must build the same model and routing"
         )
+
+
+def _check_same_collectives(everyone: list[dict[str, Any]], members: list[int], mine: int) -> None:
+    """Every rank's :func:`collective_settings` equal, but for the expert groups, which must each be
+    the same on all of its members (a partition): the same verdict on every rank, from the same list."""
+    equal = [{key: value for key, value in entry.items() if key != EXPERT_RANKS} for entry in everyone]
+    for rank, settings in enumerate(equal):
+        if settings != equal[mine]:
+            _raise_different_settings(equal[mine], settings, rank, mine)
+    for rank, entry in enumerate(everyone):
+        group = entry.get(EXPERT_RANKS)
+        for member in group or ():
+            other = members.index(member) if member in members else None
+            if other is not None and everyone[other].get(EXPERT_RANKS) != group:
+                # Raised on every rank (each sees the whole list): name the first inconsistent pair.
+                theirs = {EXPERT_RANKS: list(everyone[other][EXPERT_RANKS] or [])}
+                _raise_different_settings({EXPERT_RANKS: list(group or ())}, theirs, other, rank)
 
 
 def resolved_settings(groups: Sequence[ResolvedGroup]) -> dict[str, str]:
@@ -167,7 +188,7 @@ def resolved_settings(groups: Sequence[ResolvedGroup]) -> dict[str, str]:
     return settings
 
 
-def _raise_different_settings(ours: dict[str, str], theirs: dict[str, str], rank: int, mine: int) -> None:
+def _raise_different_settings(ours: Mapping[str, Any], theirs: Mapping[str, Any], rank: int, mine: int) -> None:
     differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
     shown = "; ".join(f"{key} = {theirs.get(key)} on rank {rank}, {ours.get(key)} on rank {mine}" for key in differing[:5])
     raise ValueError(
