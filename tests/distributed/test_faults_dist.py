@@ -90,3 +90,25 @@ def test_ranks_with_other_collective_arguments_raise_on_every_rank(case: str, se
         other = 1 - rank
         assert message.startswith(f"distributed optimizer: rank {other} resolved other settings than rank {rank}; got "), message
         assert re.search(setting, message), message
+
+
+def overlapping_expert_groups(rank: int, world: int) -> str:
+    """Ranks 0 and 1 share the expert group [0, 1]; rank 2 takes [2, 3] but rank 3 takes [0, 3]."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    model[1].weight.allreduce = False  # type: ignore[union-attr]
+    groups = {members: dist.new_group(list(members)) for members in ((0, 1), (2, 3), (0, 3))}  # every rank makes each
+    mine = groups[((0, 1), (0, 1), (2, 3), (0, 3))[rank]]
+    try:
+        get_optimizer(OptimizerConfig(**LAYER_WISE), model, lint=False, expert_process_group=mine)
+    except ValueError as error:
+        return str(error)
+    return "built"
+
+
+def test_expert_groups_that_do_not_partition_the_ranks_raise_on_every_rank() -> None:
+    expected = (
+        "distributed optimizer: rank 3 resolved other settings than rank 2; got expert data-parallel group ranks = "
+        "[0, 3] on rank 3, [2, 3] on rank 2; expected the same config"
+    )
+    for message in run_ranks(4, overlapping_expert_groups, timeout=150):
+        assert message.startswith(expected), message
