@@ -408,6 +408,18 @@ class OptimizerConfig:
         directory = self.config_logger_dir
         if directory and os.path.exists(directory) and not os.path.isdir(directory):
             raise _fail("config_logger_dir", "exists and is not a directory", directory, "a directory path (created if missing), or ''")
+        if directory and not os.path.exists(directory):
+            # get_optimizer creates it after building everything: find now what would stop it (a file
+            # or an unwritable directory on the way), so the config, and a CLI check of it, fail first.
+            parent = os.path.dirname(os.path.abspath(directory))
+            while not os.path.exists(parent):
+                parent = os.path.dirname(parent)
+            if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+                why = "is not a directory" if not os.path.isdir(parent) else "is not writable"
+                raise _fail(
+                    "config_logger_dir", f"cannot be created: {parent!r} {why}", directory,
+                    "a directory path that can be created (get_optimizer writes optimizer_config.json there), or ''",
+                )  # fmt: skip
 
     def _check_precision(self) -> None:
         if self.fp16 and self.bf16:

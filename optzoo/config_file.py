@@ -167,19 +167,25 @@ def parse_recipe(
     """Read ``(config, config_overrides)`` from TOML or YAML text.
 
     Raises:
-        ValueError: Invalid TOML or YAML, an unknown top-level key, config field or entry key,
+        ValueError: Invalid TOML or YAML, a duplicate key (TOML and YAML alike), a YAML plain scalar
+            that YAML 1.1 reads as another value than YAML 1.2 (``0755``, ``1:30``, ``yes``), nesting
+            deeper than :data:`MAX_DEPTH`, an unknown top-level key, config field or entry key,
             or a bad entry (unknown predicate, missing ``set``, duplicate rule, ...).
         ImportError: YAML without PyYAML installed.
     """
-    if format == "yaml":
-        document = _yaml_load(text, where)
-    elif format == "toml":
-        try:
-            document = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"`{where}`: invalid TOML; got {error}; expected a TOML document") from None
-    else:
+    if format not in ("toml", "yaml"):
         raise ValueError(f"`format`: unknown recipe format; got {format!r}; expected 'toml' or 'yaml'")
+    try:  # both parsers recurse once per level: a deep enough document exhausts Python's stack
+        if format == "yaml":
+            document = _yaml_load(text, where)
+        else:
+            try:
+                document = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as error:
+                raise ValueError(f"`{where}`: invalid TOML; got {error}; expected a TOML document") from None
+    except RecursionError:
+        raise _too_deep(where, "more levels than the parser can recurse through (Python's recursion limit)") from None
+    _check_depth(document, where)
     return _document(where, document)
 
 
@@ -256,23 +262,106 @@ def _no_yaml(where: str) -> ImportError:
     )
 
 
+MAX_DEPTH = 32
+"""The deepest nesting of tables and lists a recipe may have (one needs 4: ``overrides`` → entry →
+``set`` → a list of names); deeper documents are refused before anything walks them recursively."""
+
+_YAML_CORE: tuple[tuple[str, str, str], ...] = (
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", "~nN"),
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    (
+        "tag:yaml.org,2002:float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+0123456789.",
+    ),
+    ("tag:yaml.org,2002:merge", r"^(?:<<)$", "<"),
+)
+"""YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution), plus merge keys (``<<``):
+``yes``/``on``/``0755``/``1:30``/``1_000``/``2024-01-01`` are not the bools, octal or base-60
+numbers and dates YAML 1.1 (PyYAML's default) reads them as."""
+
+
+def _yaml_int(text: str) -> int:
+    """A YAML 1.2 core int (decimal, ``0o`` octal or ``0x`` hex): ``0755`` is 755, not 1.1's 493."""
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text)
+
+
 def _yaml_load(text: str, where: str) -> Any:
+    """YAML, read as 1.2 core (ints and bools) with PyYAML, refusing duplicate keys (PyYAML keeps the
+    last one silently) and plain scalars that YAML 1.1 would read as another value (``0755``,
+    ``1:30``, ``yes``): a file written for either reader means one thing or is refused."""
     try:
         import yaml
     except ImportError:
         raise _no_yaml(where) from None
 
-    class Loader(yaml.SafeLoader):
-        """SafeLoader that also reads ``3e-4`` as a float, as YAML 1.2 does: PyYAML follows YAML
-        1.1, where a float needs a dot, so ``lr: 3e-4`` would be a string and a type error."""
+    yaml11: Any = yaml.resolver.Resolver()  # YAML 1.1, to tell which plain scalars it reads otherwise
+    constructor11 = yaml.constructor.SafeConstructor()
+    string = "tag:yaml.org,2002:str"
+    ambiguous = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float", "timestamp")}  # 1.1's readings of plain text
 
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
-    )
+    class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers: dict[Any, Any] = {}
+
+        def compose_scalar_node(self, anchor: Any) -> Any:
+            node = super().compose_scalar_node(anchor)
+            if node.style is None:  # plain (unquoted): its tag came from the schema
+                old_tag = yaml11.resolve(yaml.ScalarNode, node.value, (True, False))
+                if old_tag in ambiguous:
+                    old = constructor11.construct_object(yaml.ScalarNode(old_tag, node.value))
+                    new = self.construct_object(node) if node.tag != string else node.value
+                    if old_tag != node.tag or type(old) is not type(new) or old != new:
+                        raise ValueError(
+                            f"`{where}`: line {node.start_mark.line + 1}: ambiguous plain scalar {node.value!r}; got "
+                            f"{old!r} in YAML 1.1 (PyYAML's default), {new!r} in YAML 1.2; expected quotes for a "
+                            "string, a decimal number without leading zeros (or 0o/0x), or true/false"
+                        )
+            return node
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ValueError(
+                        f"`{where}`: line {line}: duplicate key {key_node.value!r} (first at line {seen[key]}); "
+                        "got the key twice in one mapping; expected each key once (PyYAML would keep the last value)"
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    for tag, pattern, first in _YAML_CORE:
+        Loader.add_implicit_resolver(tag, re.compile(pattern), list(first) + ([""] if tag.endswith("null") else []))
+    def construct_int(loader: Any, node: Any) -> int:
+        return _yaml_int(loader.construct_scalar(node))
+
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     try:
         return yaml.load(text, Loader=Loader)
     except yaml.YAMLError as error:
         raise ValueError(f"`{where}`: invalid YAML; got {' '.join(str(error).split())}; expected a YAML mapping") from None
+
+
+def _check_depth(document: Any, where: str) -> None:
+    """Refuse a document nested deeper than :data:`MAX_DEPTH` (walked without recursion)."""
+    stack = [(document, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (Mapping, list)):
+            if depth >= MAX_DEPTH:
+                raise _too_deep(where, f"more than {MAX_DEPTH} levels")
+            children = value.values() if isinstance(value, Mapping) else value
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _too_deep(where: str, got: str) -> ValueError:
+    return ValueError(f"`{where}`: nested too deeply; got {got}; expected at most {MAX_DEPTH} levels of tables and lists (a recipe needs 4)")
 
 
 def _yaml_dump(document: dict[str, Any]) -> str:

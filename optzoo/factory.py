@@ -20,6 +20,7 @@ from optzoo.distributed.setup import (
     ExpertLayout,
     check_same_model,
     check_same_settings,
+    collective_settings,
     data_parallel_group,
     distributed_flag,
     expert_data_parallel_group,
@@ -127,7 +128,7 @@ def get_optimizer(
         groups, expert_process_group=expert_process_group, pg_collection=pg_collection, data_parallel=group,
         flag=distributed_flag(config),
     )  # fmt: skip
-    plans = _sharding_plans(config, groups, group, expert_group)
+    plans = _sharding_plans(config, groups, group, expert_group, param_sync)
     if plans is None and group is not None:  # FSDP2: the params are the ranks' own shards; compare settings
         check_same_settings(groups, group)
     check_param_dtypes(config, groups)  # after the exchange: a rank raising before it would leave the others waiting
@@ -173,7 +174,11 @@ class _Plans:
 
 
 def _sharding_plans(
-    config: OptimizerConfig, groups: list[ResolvedGroup], group: dist.ProcessGroup | None, expert_group: dist.ProcessGroup | None
+    config: OptimizerConfig,
+    groups: list[ResolvedGroup],
+    group: dist.ProcessGroup | None,
+    expert_group: dist.ProcessGroup | None,
+    param_sync: ParamSync,
 ) -> _Plans | None:
     """Who owns what under a distributed-optimizer flag (after checking every rank agrees), else ``None``:
     one plan, or with an expert data-parallel group, one for the dense params and one for the experts."""
@@ -181,12 +186,15 @@ def _sharding_plans(
         return None
     assert group is not None  # data_parallel_group gives one under these flags
     mode: Mode = "layer_wise" if config.use_layer_wise_distributed_optimizer else "sharded"
+    # The first exchange, over the data-parallel group every rank shares, also compares what decides
+    # the later collectives: a rank that differs there would call others and hang.
+    collectives = collective_settings(group, param_sync=param_sync, expert_process_group=expert_group, config=config)
     if expert_group is None:
-        check_same_model(groups, group)
+        check_same_model(groups, group, collectives=collectives)
         return _Plans(plan_shards(groups, dist.get_world_size(group), mode))
     experts = {name for g in groups for routed, name in zip(g.params, g.param_names) if is_expert(routed)}
     dense = {name for g in groups for name in g.param_names} - experts
-    check_same_model(groups, group, experts=False)
+    check_same_model(groups, group, experts=False, collectives=collectives)
     check_same_model(groups, expert_group, experts=True)
     layout = expert_layout(groups, group, expert_group)
     return _Plans(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -391,6 +392,13 @@ def _resolve_one(index: int, part: _Part, override: dict[str, Any], subject: str
         if not finite_number(value) or not value >= 0:
             raise ValueError(f"`{subject}`: `{name}` must be a finite float >= 0; got {show_value(value)}; expected e.g. 0.0")
     wd_mult = float(override.get("wd_mult", 1.0))
+    # Each finite, the product can still overflow: an inf weight decay would turn every param into NaN.
+    for name, value in (("weight_decay", group_config.weight_decay), ("start_wd", override.get("start_wd")), ("end_wd", override.get("end_wd"))):
+        if value is not None and not math.isfinite(value * wd_mult):
+            raise ValueError(
+                f"`{subject}`: `{name}` times `wd_mult` overflows to inf; got {name}={value!r}, wd_mult={wd_mult!r}; "
+                "expected a product below float max (1.8e308)"
+            )
     min_lr = override.get("min_lr", group_config.min_lr)
     if min_lr is not None and min_lr > lr:  # the schedule would anneal the lr up to min_lr
         raise ValueError(f"`{subject}`: `min_lr` must not exceed the group's lr; got min_lr={min_lr!r}, lr={lr!r}; expected min_lr <= lr")

@@ -244,7 +244,8 @@ def load_hf_config(spec: str) -> Any:
     Raises:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError: The path does not exist.
-        ValueError: Not a config or model class name, or the JSON has no ``model_type``.
+        ValueError: Not a config or model class name, invalid JSON (the message names the file and
+            the position), or the JSON has no ``model_type``.
     """
     transformers = _transformers()
     base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
@@ -254,7 +255,17 @@ def load_hf_config(spec: str) -> Any:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"`hf:{spec}`: no such config file; got {str(path)!r}; expected a path to a config.json")
-        values = json.loads(path.read_text())
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"`hf:{spec}`: invalid JSON in {str(path)!r}; got {error.msg} at line {error.lineno} column {error.colno} "
+                f"(char {error.pos}); expected a Hugging Face config.json"
+            ) from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f"`hf:{spec}`: not UTF-8 text; got {str(path)!r} ({error.reason} at byte {error.start}); expected a config.json") from None
+        except RecursionError:
+            raise ValueError(f"`hf:{spec}`: nested too deeply for the JSON parser; got {str(path)!r}; expected a Hugging Face config.json") from None
         model_type = values.pop("model_type", None) if isinstance(values, dict) else None
         if not isinstance(model_type, str):
             raise ValueError(

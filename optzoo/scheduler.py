@@ -227,6 +227,14 @@ def _validate(values: Mapping[str, Any]) -> None:
         wsd_steps, wsd_style = values["wsd_decay_steps"], values["lr_wsd_decay_style"]
         if wsd_steps is None or not wsd_steps >= 0:
             raise _fail("wsd_decay_steps", "must be an int >= 0 with lr_decay_style='WSD'", repr(wsd_steps), "an int >= 0")
+        # The anneal is the last wsd_decay_steps before lr_decay_steps: starting inside the warmup, it would
+        # jump, when the warmup ends, to a partly annealed lr (Megatron-Core does not check this).
+        if wsd_steps > decay - warmup:
+            raise _fail(
+                "wsd_decay_steps", "the anneal must fit in the decay window after the warmup",
+                f"wsd_decay_steps={wsd_steps!r}, lr_decay_steps={decay!r}, lr_warmup_steps={warmup!r}",
+                f"wsd_decay_steps <= lr_decay_steps - lr_warmup_steps = {decay - warmup}",
+            )  # fmt: skip
         if wsd_style not in get_args(WsdDecayStyle):
             raise _fail(
                 "lr_wsd_decay_style", "unknown WSD decay style (required with lr_decay_style='WSD')",
@@ -246,9 +254,17 @@ def _validate(values: Mapping[str, Any]) -> None:
         raise _fail("wd_incr_steps", f"must be {bound} with wd_incr_style={wd_style!r}", repr(wd_steps), f"an int {bound}")
 
 
-def _describe(param_group: Mapping[str, Any]) -> str:
+def _named(param_group: Mapping[str, Any]) -> str:
     names = param_group.get("param_names") or []
     return f"param group ({names[0]}, ...)" if names else "param group"
+
+
+def _describe(param_group: Mapping[str, Any], index: int | None = None) -> str:
+    """``param group #i (first, second, third, ...)``: its index and first param names, where known."""
+    names = [str(name) for name in param_group.get("param_names") or []]
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    label = "param group" if index is None else f"param group #{index}"
+    return f"{label} ({shown})" if names else label
 
 
 class OptimizerParamScheduler:
@@ -295,8 +311,11 @@ class OptimizerParamScheduler:
             ``init_lr > max_lr``, ``lr_decay_steps <= 0``, ``lr_warmup_steps >= lr_decay_steps``,
             WSD without ``wsd_decay_steps``, ``start_wd < 0``, ``end_wd < start_wd``, both
             checkpoint flags), an unknown style, a negative count, ``wd_incr_steps=0`` with a
-            ramp, or (during the first step) ``constant`` wd with a group's
-            ``start_wd != end_wd``.
+            ramp, a WSD anneal longer than the decay window after the warmup
+            (``wsd_decay_steps > lr_decay_steps - lr_warmup_steps``), ``constant`` wd with a
+            group's ``start_wd != end_wd``, or a group whose own bounds and this scheduler's
+            fallbacks mix into ``min_lr > max_lr``, ``init_lr > max_lr``, ``start_wd > end_wd``
+            or an infinite weight decay (:meth:`check_group`).
 
     Example:
         >>> model = torch.nn.Linear(2, 2)
@@ -369,26 +388,79 @@ class OptimizerParamScheduler:
                 when it has them), checked while the ramp lasts, as in Megatron-Core.
         """
         group = param_group or {}
-        start_wd = self.start_wd if group.get("start_wd") is None else group["start_wd"]
-        end_wd = self.end_wd if group.get("end_wd") is None else group["end_wd"]
+        start_wd, end_wd = self._bound(group, "start_wd"), self._bound(group, "end_wd")
         constant = self.wd_incr_style == "constant"
-        if constant and self.num_steps <= self.wd_incr_steps and start_wd != end_wd:
-            where = _describe(group) if param_group is not None else "scheduler"
+        if constant and self.num_steps <= self.wd_incr_steps and start_wd[0] != end_wd[0]:
+            where = _named(group) if param_group is not None else "scheduler"
             raise _fail(
                 "wd_incr_style", "'constant' needs start_wd == end_wd",
-                f"start_wd={start_wd!r}, end_wd={end_wd!r} ({where})", "equal values, or wd_incr_style 'linear' or 'cosine'",
+                f"start_wd={start_wd[0]!r}, end_wd={end_wd[0]!r} ({where})", "equal values, or wd_incr_style 'linear' or 'cosine'",
             )  # fmt: skip
-        return wd_at(self.num_steps, start_wd=start_wd, end_wd=end_wd, wd_incr_steps=self.wd_incr_steps, wd_incr_style=self.wd_incr_style)
+        return wd_at(self.num_steps, start_wd=start_wd[0], end_wd=end_wd[0], wd_incr_steps=self.wd_incr_steps, wd_incr_style=self.wd_incr_style)
+
+    def _bound(self, group: Mapping[str, Any], name: str) -> tuple[Any, str]:
+        """A group's ``max_lr``/``min_lr``/``start_wd``/``end_wd`` and where it came from: its own key, or
+        (absent or ``None``) the scheduler's argument, as Megatron-Core's ``get_lr``/``get_wd`` read them."""
+        if group.get(name) is None:
+            return getattr(self, name), f"the scheduler's {name}"
+        return group[name], f"the group's {name}"
+
+    def check_group(self, param_group: Mapping[str, Any], index: int | None = None) -> None:
+        """Refuse a group whose own bounds and the scheduler's fallbacks, mixed, give a schedule that
+        runs the wrong way: ``min_lr > max_lr`` (the decay would raise the lr up to ``min_lr``),
+        ``init_lr > max_lr`` with a warmup (it would warm *down*), ``start_wd > end_wd`` with a
+        ``linear`` or ``cosine`` ramp (weight decay would fall), or a weight decay times
+        ``wd_mult`` that overflows to inf. Megatron-Core asserts the first three for its own
+        arguments only; a group that sets ``min_lr`` alone (or ``max_lr`` alone) escapes them there.
+
+        Called for every group before each :meth:`step` (the constructor's included) changes anything.
+
+        Raises:
+            ValueError: Naming the group (its index and first param names), both values and where
+                each came from (the group's key or the scheduler's argument).
+        """
+        where = _describe(param_group, index)
+        max_lr, min_lr = self._bound(param_group, "max_lr"), self._bound(param_group, "min_lr")
+        start_wd, end_wd = self._bound(param_group, "start_wd"), self._bound(param_group, "end_wd")
+        for name, (value, source) in (("max_lr", max_lr), ("min_lr", min_lr), ("start_wd", start_wd), ("end_wd", end_wd)):
+            if not finite_number(value) or not value >= 0:
+                raise _fail(name, f"must be a finite number >= 0 ({where})", f"{show_value(value)} ({source})", "a float >= 0")
+        if not min_lr[0] <= max_lr[0]:
+            raise _fail(
+                "min_lr", f"must not exceed max_lr ({where}): the decay would raise the lr to min_lr",
+                f"min_lr={min_lr[0]!r} ({min_lr[1]}), max_lr={max_lr[0]!r} ({max_lr[1]})",
+                "min_lr <= max_lr: set both in the group's override, or change the scheduler's",
+            )  # fmt: skip
+        if self.lr_warmup_steps > 0 and not self.init_lr <= max_lr[0]:
+            raise _fail(
+                "init_lr", f"must not exceed max_lr ({where}): the warmup would lower the lr",
+                f"init_lr={self.init_lr!r} (the scheduler's init_lr), max_lr={max_lr[0]!r} ({max_lr[1]})",
+                "init_lr <= every group's max_lr (e.g. init_lr=0.0)",
+            )  # fmt: skip
+        if self.wd_incr_style != "constant" and not start_wd[0] <= end_wd[0]:
+            raise _fail(
+                "start_wd", f"must not exceed end_wd with wd_incr_style={self.wd_incr_style!r} ({where}): the weight decay would fall",
+                f"start_wd={start_wd[0]!r} ({start_wd[1]}), end_wd={end_wd[0]!r} ({end_wd[1]})",
+                "start_wd <= end_wd: set both in the group's override, or change the scheduler's",
+            )  # fmt: skip
+        wd_mult = param_group.get("wd_mult", 1.0)
+        if not finite_number(wd_mult) or not wd_mult >= 0:
+            raise _fail("wd_mult", f"must be a finite number >= 0 ({where})", show_value(wd_mult), "a float >= 0")
+        for value, source in (start_wd, end_wd):
+            if not math.isfinite(value * wd_mult):
+                raise _fail(
+                    "weight_decay", f"overflows: {source} times the group's wd_mult is inf ({where})",
+                    f"{value!r} * wd_mult={wd_mult!r}", "a product below float max (1.8e308)",
+                )  # fmt: skip
+
 
     def get_lr(self, param_group: Mapping[str, Any]) -> float:
         """Learning rate at the current step for ``param_group`` (its ``max_lr``/``min_lr`` win)."""
-        max_lr = param_group.get("max_lr")
-        min_lr = param_group.get("min_lr")
         return lr_at(
             self.num_steps,
             init_lr=self.init_lr,
-            max_lr=self.max_lr if max_lr is None else max_lr,
-            min_lr=self.min_lr if min_lr is None else min_lr,
+            max_lr=self._bound(param_group, "max_lr")[0],
+            min_lr=self._bound(param_group, "min_lr")[0],
             lr_warmup_steps=self.lr_warmup_steps,
             lr_decay_steps=self.lr_decay_steps,
             lr_decay_style=self.lr_decay_style,
@@ -407,14 +479,22 @@ class OptimizerParamScheduler:
                 Trainer, Lightning) can call ``scheduler.step()``.
 
         Raises:
-            ValueError: ``increment < 0``.
+            ValueError: ``increment < 0``, or a group that :meth:`check_group` refuses (nothing changes).
         """
         if isinstance(increment, bool) or not isinstance(increment, int) or increment < 0:
             raise _fail("step", "increment must be a whole number of steps >= 0", _shown(increment), "an int >= 0")
         self.num_steps += increment
-        for param_group in self.optimizer.param_groups:
-            param_group["lr"] = self.get_lr(param_group)
-            param_group["weight_decay"] = self.get_wd(param_group) * param_group.get("wd_mult", 1.0)
+        try:  # every group's values first: a refused group leaves every group and the count as they were
+            values = []
+            for index, param_group in enumerate(self.optimizer.param_groups):
+                self.check_group(param_group, index)
+                values.append((self.get_lr(param_group), self.get_wd(param_group) * param_group.get("wd_mult", 1.0)))
+        except ValueError:
+            self.num_steps -= increment
+            raise
+        for param_group, (lr, weight_decay) in zip(self.optimizer.param_groups, values):
+            param_group["lr"] = lr
+            param_group["weight_decay"] = weight_decay
         self._last_lr = [param_group["lr"] for param_group in self.optimizer.param_groups]
 
     def get_last_lr(self) -> list[float]:

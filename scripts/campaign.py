@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/campaign.py [--quick] [--only CATEGORY ...]
 
-Categories: config, routing, step, faults, checkpoint, loads, scheduler, cli, distributed (each section below
+Categories: config, routing, step, faults, checkpoint, loads, scheduler, quirks, cli, distributed (each section below
 starts with the rule it applies). CPU only, no network, nothing downloaded; tiny models are
 built in code. The run is deterministic: every trial seeds torch from its own name, and
 ``--quick`` keeps the ~10% of trials whose name hashes to 0 mod 10 (the same ones every run).
@@ -30,15 +30,19 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, get_args
 
-import torch
-from tabulate import tabulate
-from torch import nn
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's optzoo (an editable install may point at another), here and in torchrun's ranks
 
-from optzoo import OptimizerConfig, OptimizerParamScheduler, ParamKey, get_optimizer
-from optzoo.config import AdaptiveMuonMoment2Method, MuonCoefficientType, MuonFsdpOrthogonalize
-from optzoo.config import MuonMatmulPrecision, MuonScaleMode, MuonTPMode
-from optzoo.optimizers.registry import get_spec, registered_names
-from optzoo.routing import ParamPredicate, ParamWithNamePredicate
+import torch  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+from torch import nn  # noqa: E402
+
+from optzoo import OptimizerConfig, OptimizerParamScheduler, ParamKey, get_optimizer  # noqa: E402
+from optzoo.config_file import load_recipe, shipped_recipes  # noqa: E402
+from optzoo.config import AdaptiveMuonMoment2Method, MuonCoefficientType, MuonFsdpOrthogonalize  # noqa: E402
+from optzoo.config import MuonMatmulPrecision, MuonScaleMode, MuonTPMode  # noqa: E402
+from optzoo.optimizers.registry import get_spec, registered_names  # noqa: E402
+from optzoo.routing import ParamPredicate, ParamWithNamePredicate  # noqa: E402
 
 OPTIMIZERS = ("adam", "sgd", "lion", "soap", "muon", "adaptive_muon")
 DTYPES = {"fp32": (torch.float32, {}), "bf16": (torch.bfloat16, {"bf16": True}),
@@ -1151,6 +1155,136 @@ def scheduler_trials() -> Iterator[Trial]:
     yield "load_state_dict:None", lambda: expect_raise(lambda: scheduler().load_state_dict(None), ("state_dict",))  # type: ignore[arg-type]
 
 
+# ---- 5b. quirks ------------------------------------------------------------------------------
+# Input that parses and would train on something nobody meant (issue 24). Each is refused with a
+# ValueError naming what decides (the key and line, the depth limit, the group's bounds and where
+# each came from, both WSD values, the weight decay and wd_mult), or, for the controls, accepted
+# with the value the spec gives (YAML 1.2 core: 0o17 = 15, 0x10 = 16; Megatron's cosine).
+
+
+def recipe(text: str, fmt: str = "yaml") -> Any:
+    from optzoo.config_file import parse_recipe
+
+    return parse_recipe(text, fmt, where=f"quirk.{fmt}")  # type: ignore[arg-type]
+
+
+def accepted(fn: Callable[[], Any], check: Callable[[Any], bool], what: str) -> str | None:
+    try:
+        value = fn()
+    except Exception as error:  # noqa: BLE001 - a refused control is the finding
+        return f"refused a valid input: {type(error).__name__}: {short(error)}"
+    return None if check(value) else f"read {short(value, 80)}; expected {what}"
+
+
+def plain_sgd(*groups: dict[str, Any]) -> torch.optim.SGD:
+    return torch.optim.SGD(
+        [{"params": [nn.Parameter(torch.zeros(2))], "param_names": [f"p{i}"], **g} for i, g in enumerate(groups)], lr=0.5
+    )
+
+
+def late_group_refused() -> str | None:
+    optimizer = plain_sgd({})
+    sched = OptimizerParamScheduler(optimizer, **SCHED)
+    sched.step(3)
+    optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "param_names": ["late"], "min_lr": 1.0})
+    before = [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups[:1]]
+    if reason := expect_raise(lambda: sched.step(1), ("min_lr",)):
+        return reason
+    if sched.num_steps != 3 or before != [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups[:1]]:
+        return "changed num_steps or a group before raising"
+    return None
+
+
+def quirk_trials() -> Iterator[Trial]:
+    duplicates = {
+        "config-lr": "config:\n  lr: 1e-3\n  weight_decay: 0.1\n  lr: 5.0\n",
+        "top-level": "config:\n  lr: 1e-3\nconfig:\n  lr: 5.0\n",
+        "set": "config: {lr: 1e-3}\noverrides:\n  - name: '*.bias'\n    set: {wd_mult: 0.0, wd_mult: 1.0}\n",
+        "entry": "config: {lr: 1e-3}\noverrides:\n  - name: '*.bias'\n    name: '*.weight'\n    set: {wd_mult: 0.0}\n",
+    }
+    for name, text in duplicates.items():
+        yield f"yaml-duplicate/{name}", lambda t=text: expect_raise(lambda: recipe(t), ("duplicate key",))
+    yield "toml-duplicate/config-lr", lambda: expect_raise(lambda: recipe("[config]\nlr = 1e-3\nlr = 5.0\n", "toml"), ("invalid TOML",))
+    for scalar in ("0755", "010", "1:30", "1:30.5", "1_000", "0b101", "yes", "no", "on", "off", "Yes", "OFF", "2024-01-01"):
+        for field in ("lr", "loss_scale_window", "bf16"):
+            text = f"config:\n  lr: 1e-3\n  {field}: {scalar}\n" if field != "lr" else f"config:\n  lr: {scalar}\n"
+            yield f"yaml-1.1/{field}={scalar}", lambda t=text: expect_raise(lambda: recipe(t), ("ambiguous plain scalar",))
+    yield "yaml-1.1/name=on", lambda: expect_raise(lambda: recipe("overrides:\n  - name: on\n    set: {wd_mult: 0.0}\n"), ("ambiguous",))
+    controls: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+        "0o17": ("config:\n  lr: 1e-3\n  loss_scale_window: 0o17\n", lambda r: r[0].loss_scale_window == 15, "15"),
+        "0x10": ("config:\n  lr: 1e-3\n  hysteresis: 0x10\n", lambda r: r[0].hysteresis == 16, "16"),
+        "3e-4": ("config:\n  lr: 3e-4\n", lambda r: r[0].lr == 3e-4, "0.0003"),
+        "true": ("config:\n  lr: 1e-3\n  bf16: true\n", lambda r: r[0].bf16 is True, "True"),
+        "007": ("config:\n  lr: 1e-3\n  hysteresis: 007\n", lambda r: r[0].hysteresis == 7, "7 (1.1 and 1.2 agree)"),
+        "quoted-on": ("overrides:\n  - name: 'on'\n    set: {wd_mult: 0.0}\n", lambda r: len(r[1]) == 1, "one rule"),
+        "merge-key": ("config: {lr: 1e-3}\noverrides:\n  - &r {name: '*.bias', set: {wd_mult: 0.0}}\n  - <<: *r\n    name: '*.weight'\n",
+                      lambda r: len(r[1]) == 2, "two rules"),
+        "null": ("config:\n  lr: 1e-3\n  loss_scale: ~\n", lambda r: r[0].loss_scale is None, "None"),
+    }  # fmt: skip
+    for name, (text, check, what) in controls.items():
+        yield f"yaml-1.2-control/{name}", lambda t=text, c=check, w=what: accepted(lambda: recipe(t), c, w)
+    for levels in (33, 40, 1000, 100_000):
+        toml = "[config]\nlr = 1e-3\n[[overrides]]\nname = " + "[" * levels + "]" * levels + "\n"
+        yaml_text = "config: {lr: 1e-3}\noverrides:\n  - name: " + "[" * levels + "]" * levels + "\n"
+        inline = "[[overrides]]\nname = '*'\nset = " + "{a = " * levels + "1" + "}" * levels + "\n"
+        for fmt, text in (("toml", toml), ("yaml", yaml_text), ("toml-inline-tables", inline)):
+            yield f"nested/{fmt}/{levels}", lambda t=text, f=fmt: expect_raise(
+                lambda: recipe(t, f.split("-")[0]), ("nested too deeply",)
+            )
+    yield "nested/control-shipped-recipes", lambda: accepted(
+        lambda: [load_recipe(name) for name in shipped_recipes()], lambda r: len(r) >= 3, "every shipped recipe"
+    )
+    # A group's own bounds against the scheduler's fallbacks (SCHED: max_lr 1e-3, min_lr 1e-4, wd 0 -> 0.1 linear).
+    mixes: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]] = {
+        "group-max_lr-below-sched-min_lr": ({"max_lr": 1e-5}, {}, ("min_lr",)),
+        "group-min_lr-above-sched-max_lr": ({"min_lr": 1e-2}, {}, ("min_lr",)),
+        "group-start_wd-above-sched-end_wd": ({"start_wd": 0.5}, {}, ("start_wd",)),
+        "sched-start_wd-above-group-end_wd": ({"end_wd": 0.0}, {"start_wd": 0.05}, ("start_wd",)),
+        "group-start_wd-above-end_wd-cosine": ({"start_wd": 0.5}, {"wd_incr_style": "cosine"}, ("start_wd",)),
+        "init_lr-above-group-max_lr": ({"max_lr": 1e-5, "min_lr": 0.0}, {"init_lr": 1e-4}, ("init_lr",)),
+        "constant-wd-group-start-differs": ({"start_wd": 0.5}, {"wd_incr_style": "constant", "start_wd": 0.1}, ("start_wd",)),
+        "group-min_lr-nan": ({"min_lr": NAN}, {}, ("min_lr",)),
+        "group-max_lr-negative": ({"max_lr": -1.0}, {}, ("max_lr",)),
+        "group-end_wd-inf": ({"end_wd": INF}, {}, ("end_wd",)),
+        "group-wd_mult-overflow": ({"wd_mult": 1e10}, {"end_wd": 1e300}, ("wd_mult",)),
+        "group-wd_mult-nan": ({"wd_mult": NAN}, {}, ("wd_mult",)),
+    }
+    for name, (group, changes, names) in mixes.items():
+        yield f"scheduler-mix/{name}", lambda g=group, c=changes, n=names: expect_raise(
+            lambda: OptimizerParamScheduler(plain_sgd({}, g), **{**SCHED, **c}), n
+        )
+    yield "scheduler-mix/get_optimizer-max_lr-below-sched-min_lr", lambda: expect_raise(
+        lambda: OptimizerParamScheduler(get_optimizer(OptimizerConfig(lr=1e-3), Net(), {ParamKey(name="*.bias"): {"max_lr": 1e-5}}), **SCHED),
+        ("min_lr",),
+    )
+    yield "scheduler-mix/group-added-later", late_group_refused
+
+    def cosine_mix() -> str | None:
+        optimizer = plain_sgd({"min_lr": 2e-4})
+        sched = OptimizerParamScheduler(optimizer, **{**SCHED, "lr_warmup_steps": 0})
+        sched.step(5)  # Megatron's cosine: min + (1 + cos(pi * 5/10)) / 2 * (max - min)
+        want = 2e-4 + 0.5 * (1e-3 - 2e-4)
+        return None if math.isclose(optimizer.param_groups[0]["lr"], want, rel_tol=1e-15) else f"lr {optimizer.param_groups[0]['lr']} != {want}"
+
+    yield "scheduler-mix/control-consistent-mix", cosine_mix
+    for warmup, decay, wsd in ((2, 10, 9), (2, 10, 11), (0, 10, 11), (5, 10, 6), (2, 10, 10**6)):
+        yield f"wsd/warmup={warmup}-decay={decay}-anneal={wsd}", lambda w=warmup, d=decay, a=wsd: expect_raise(
+            lambda: scheduler(**{**WSD, "lr_warmup_steps": w, "lr_decay_steps": d, "wsd_decay_steps": a}), ("wsd_decay_steps=",), (ValueError,)
+        )
+    yield "wsd/control-anneal=window", lambda: accepted(
+        lambda: scheduler(**{**WSD, "lr_warmup_steps": 2, "lr_decay_steps": 10, "wsd_decay_steps": 8}), lambda s: s.wsd_decay_steps == 8, "accepted"
+    )
+    for wd, override in ((1e308, {"wd_mult": 10.0}), (1e308, {"wd_mult": 2.0}), (1e200, {"wd_mult": 1e200}),
+                         (0.1, {"start_wd": 1e308, "end_wd": 1e308, "wd_mult": 2.0})):  # fmt: skip
+        yield f"wd-overflow/wd={wd}-{short(override, 40)}", lambda w=wd, o=override: expect_raise(
+            lambda: get_optimizer(OptimizerConfig(lr=1e-3, weight_decay=w), Net(), {BIAS: o}), ("wd_mult",)
+        )
+    yield "wd-overflow/control-1e300x10", lambda: accepted(
+        lambda: get_optimizer(OptimizerConfig(lr=1e-3, weight_decay=1e300), Net(), {BIAS: {"wd_mult": 10.0}}),
+        lambda o: max(g["weight_decay"] for g in o.param_groups) == 1e301, "weight decay 1e301",
+    )
+
+
 # ---- 6. CLI ----------------------------------------------------------------------------------
 # Every bad invocation: exit status 2, no traceback, and stderr's last line starts with
 # "optzoo: error:" (docs/cli.md, "Output streams and exit codes"). Run as `python -m optzoo.cli`
@@ -1185,7 +1319,29 @@ CLI_CONFIGS = {  # --config files, each bad in its own way
     "syntax.py": "config = (\n",
     "noconfig.py": "x = 1\n",
     "exit.py": "import sys\nsys.exit(0)\n",
+    # issue 24: read without complaint before, each meaning something nobody meant (or a traceback)
+    "dup.yaml": "config:\n  lr: 1e-3\n  lr: 5.0\n",
+    "octal.yaml": "config:\n  lr: 1e-3\n  loss_scale_window: 0755\n",
+    "sexagesimal.yaml": "config:\n  lr: 1e-3\n  hysteresis: 1:30\n",
+    "yesbool.yaml": "config:\n  lr: 1e-3\n  bf16: yes\n",
+    "deep.toml": "[config]\nlr = 1e-3\n[[overrides]]\nname = " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "deep40.toml": "[config]\nlr = 1e-3\n[[overrides]]\nname = " + "[" * 40 + "]" * 40 + "\n",
+    "deep.yaml": "config:\n  lr: 1e-3\noverrides:\n  - name: " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "loggerdir.toml": '[config]\nlr = 1e-3\nconfig_logger_dir = "bad.toml/logs"\n',  # bad.toml is a file (cwd: tmp)
+    "wdoverflow.toml": '[config]\nlr = 1e-3\nweight_decay = 1e308\n[[overrides]]\nname = "*.bias"\nset = { wd_mult = 10.0 }\n',
 }  # fmt: skip
+CLI_EXPECT = {  # words the error line must hold besides the "optzoo: error:" prefix
+    "config:dup.yaml": ("dup.yaml", "line 3", "duplicate key 'lr'"),
+    "config:octal.yaml": ("octal.yaml", "'0755'", "493"),
+    "config:sexagesimal.yaml": ("sexagesimal.yaml", "'1:30'"),
+    "config:yesbool.yaml": ("yesbool.yaml", "'yes'"),
+    "config:deep.toml": ("deep.toml", "nested too deeply", "32"),
+    "config:deep40.toml": ("deep40.toml", "nested too deeply", "32"),
+    "config:deep.yaml": ("deep.yaml", "nested too deeply", "32"),
+    "config:loggerdir.toml": ("config_logger_dir", "bad.toml"),
+    "config:wdoverflow.toml": ("weight_decay", "wd_mult", "1e+308"),
+    "model:hf-bad-json": ("config.json", "line 1 column 2"),
+}
 
 
 def cli_cases(tmp: str) -> list[tuple[str, list[str]]]:
@@ -1219,8 +1375,8 @@ def cli_cases(tmp: str) -> list[tuple[str, list[str]]]:
     return cases
 
 
-def run_cli(argv: list[str], tmp: str) -> str | None:
-    path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH")) if p)
+def run_cli(argv: list[str], tmp: str, words: tuple[str, ...] = ()) -> str | None:
+    path = os.pathsep.join(p for p in (tmp, ROOT, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
     try:
         proc = subprocess.run([sys.executable, "-m", "optzoo.cli", *argv], capture_output=True, text=True, env=env,
@@ -1235,7 +1391,8 @@ def run_cli(argv: list[str], tmp: str) -> str | None:
         return f"exit {proc.returncode} (expected 2); stderr: {short(last, 100)}"
     if not last.startswith("optzoo: error:"):
         return f"last stderr line: {short(last, 100)}"
-    return None
+    missing = [word for word in words if word not in last]
+    return f"error line lacks {missing}: {short(last, 160)}" if missing else None
 
 
 # ---- 7. distributed ---------------------------------------------------------------------------
@@ -1313,12 +1470,113 @@ def dist_check(opt_name: str, dtype: str, mode: str, check: str) -> str | None:
     raise AssertionError(check)
 
 
+# Issue 24: ranks that disagree on something that changes the collectives (a get_optimizer
+# argument or a config field) raise a ValueError on every rank naming it, at build time, instead
+# of hanging at the first step; and a layer-wise owner's non-contiguous params (transposed, with
+# gaps) reach every rank: two steps give one process's params (<= 1e-6; bitwise for element-wise).
+
+
+class _Timers:
+    """Megatron-style timers: ``timers(name, log_level=1)`` with ``start(barrier=...)``/``stop()``."""
+
+    def __call__(self, name: str, log_level: int = 1) -> "_Timers":
+        return self
+
+    def start(self, barrier: bool = False) -> None:
+        if barrier:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def stop(self, barrier: bool = False) -> None:
+        pass
+
+
+DISAGREE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {  # rank 1's config changes, its kwargs, the key named
+    "param_sync": ({}, {"param_sync": "broadcast"}, "param_sync = "),
+    "lr": ({"lr": 2e-2}, {}, "#0 lr = "),
+    "clip_grad": ({"clip_grad": 0.5}, {}, "clip_grad = "),
+    "fold_clip_and_scale": ({"fold_clip_and_scale": False}, {}, "fold_clip_and_scale = "),
+    "log_num_zeros_in_grad": ({"log_num_zeros_in_grad": True}, {}, "log_num_zeros_in_grad = "),
+    "grad_norm_skip_threshold": ({"grad_norm_skip_threshold": 10.0}, {}, "grad_norm_skip_threshold = "),
+    "fp16": ({"fp16": True}, {}, "fp16 = "),
+    "bf16": ({"bf16": True}, {}, "bf16 = "),
+    "barrier_with_L1_time": ({"barrier_with_L1_time": True}, {}, "barrier_with_L1_time = "),
+    "timers-with-barrier": ({"timers": _Timers()}, {}, "timer barriers (timers set and barrier_with_L1_time) = "),
+    "other-flag": ({}, {}, "use_distributed_optimizer = "),
+    "expert_group": ({}, {}, "expert data-parallel group size = "),
+}
+
+
+def disagree_trial(mode: str, setting: str) -> str | None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    changes, kwargs, key = DISAGREE[setting]
+    model = Net()
+    barrier = {"barrier_with_L1_time": True} if setting == "timers-with-barrier" else {}
+    config = OptimizerConfig(lr=1e-2, **DIST_FLAGS[mode], **barrier)
+    if setting == "other-flag" and rank == 1:
+        config = OptimizerConfig(lr=1e-2, **DIST_FLAGS["sharded" if mode == "layer_wise" else "layer_wise"])
+    elif rank == 1:
+        config = config.replace(**changes)
+    kwargs = kwargs if rank == 1 else {}
+    if setting == "expert_group":
+        model.body[2].weight.allreduce = False  # type: ignore[union-attr]  # Megatron's expert tag
+        singles = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes every group
+        kwargs = {"expert_process_group": singles[0]} if rank == 0 else {}
+    try:
+        get_optimizer(config, model, lint=False, **kwargs)
+    except ValueError as error:
+        message, other = str(error), 1 - rank
+        expected = f"distributed optimizer: rank {other} resolved other settings than rank {rank}; got "
+        if not message.startswith(expected) or key not in message:
+            return f"does not name {key.strip()!r} (rank {other} against {rank}): {short(message)}"
+        return None
+    except Exception as error:  # noqa: BLE001 - the wrong type is the finding
+        return f"wrong exception {type(error).__name__}: {short(error)}"
+    return "built: the ranks' disagreement went unnoticed"
+
+
+class OddLayouts(nn.Module):
+    """Params ``view(-1)`` cannot flatten: a transpose and a column slice with gaps, beside a dense one."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.transposed = nn.Parameter(torch.randn(5, 7).t())
+        self.gapped = nn.Parameter(torch.randn(6, 8)[:, ::2])
+        self.dense = nn.Parameter(torch.randn(4, 3))
+
+
+def noncontig_trial(opt_name: str) -> str | None:
+    seed = seed_from(f"noncontig/{opt_name}")
+    runs = []
+    for flags in (DIST_FLAGS["layer_wise"], {}):
+        model = OddLayouts(seed)
+        optimizer = get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt_name, clip_grad=0.0, **flags), model, {}, lint=False, trace=False)
+        for step in range(2):
+            generator = torch.Generator().manual_seed(seed + step)
+            for param in model.parameters():
+                param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        if model.transposed.stride() != (1, 7) or model.gapped.stride() != (8, 2):
+            return f"layouts changed: {model.transposed.stride()}, {model.gapped.stride()}"
+        runs.append(list(model.parameters()))
+    worst = max(float((a - b).abs().max()) for a, b in zip(*runs))
+    return None if worst <= 1e-6 else f"params differ from one process's by {worst:.3g}"
+
+
 def dist_trials() -> Iterator[Trial]:
     for mode in DIST_FLAGS:
         for opt in OPTIMIZERS:
             for dtype in DTYPES:
                 for check in ("match", "norm", "nan-all", "nan-one-rank", "roundtrip", "foreign"):
                     yield f"{mode}/{opt}/{dtype}/{check}", lambda o=opt, d=dtype, m=mode, c=check: dist_check(o, d, m, c)
+        for setting in DISAGREE:
+            yield f"{mode}/disagree/{setting}", lambda m=mode, s=setting: disagree_trial(m, s)
+    for opt in OPTIMIZERS:
+        yield f"layer_wise/noncontig/{opt}", lambda o=opt: noncontig_trial(o)
 
 
 def dist_worker(out: str, quick: bool) -> int:
@@ -1360,7 +1618,7 @@ def dist_results(quick: bool) -> list[tuple[str, str | None]]:
 
 CATEGORIES: dict[str, Callable[[], Iterator[Trial]]] = {
     "config": config_trials, "routing": routing_trials, "step": step_trials, "faults": fault_attack_trials,
-    "checkpoint": checkpoint_trials, "loads": fresh_load_trials, "scheduler": scheduler_trials,
+    "checkpoint": checkpoint_trials, "loads": fresh_load_trials, "scheduler": scheduler_trials, "quirks": quirk_trials,
 }  # fmt: skip
 
 
@@ -1408,7 +1666,7 @@ def main() -> int:
                     f.write(content if isinstance(content, bytes) else content.encode())
             cases = [(n, a) for n, a in cli_cases(tmp) if selected("cli", n, args.quick)]
             with ThreadPoolExecutor(max_workers=2) as pool:  # subprocesses: two at a time on 2 cores
-                outcomes = list(pool.map(lambda case: run_cli(case[1], tmp), cases))
+                outcomes = list(pool.map(lambda case: run_cli(case[1], tmp, CLI_EXPECT.get(case[0], ())), cases))
             results += [("cli", name, outcome) for (name, _), outcome in zip(cases, outcomes)]
         timings["cli"] = time.perf_counter() - start
     if not args.only or "distributed" in args.only:

@@ -257,13 +257,31 @@ def _padded(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _pack(pieces: Sequence[Piece], buffer: torch.Tensor) -> None:
+    """Copy each piece's elements, in the param's logical (row-major) order, into ``buffer``.
+
+    ``reshape`` views a contiguous param and copies any other layout (a transposed or gapped
+    param, whose memory ``view(-1)`` cannot flatten), so every layout sends the same elements.
+    """
     if pieces:
-        torch.cat([param.detach().view(-1)[start:stop] for param, start, stop in pieces], out=buffer[: sum(b - a for _, a, b in pieces)])
+        torch.cat([param.detach().reshape(-1)[start:stop] for param, start, stop in pieces], out=buffer[: sum(b - a for _, a, b in pieces)])
 
 
 def _unpack(pieces: Sequence[Piece], buffer: torch.Tensor) -> None:
+    """Write ``buffer`` back into the pieces, in the order :func:`_pack` read them, whatever their layout."""
     if not pieces:
         return
     sizes = [stop - start for _, start, stop in pieces]
     sources = torch.split(buffer[: sum(sizes)], sizes)
-    torch._foreach_copy_([param.detach().view(-1)[start:stop] for param, start, stop in pieces], list(sources))
+    dense = [(param, start, stop, source) for (param, start, stop), source in zip(pieces, sources) if param.is_contiguous()]
+    if dense:
+        torch._foreach_copy_([param.detach().view(-1)[start:stop] for param, start, stop, _ in dense], [source for *_, source in dense])
+    for (param, start, stop), source in zip(pieces, sources):
+        if param.is_contiguous():
+            continue
+        target = param.detach()
+        if start == 0 and stop == param.numel():  # the whole param (layer-wise): one strided copy
+            target.copy_(source.view(param.shape))
+        else:  # a range of it: the rest keeps this rank's current values
+            whole = target.reshape(-1).clone()
+            whole[start:stop] = source
+            target.copy_(whole.view(param.shape))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from dataclasses import dataclass, field
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ __all__ = [
     "ExpertLayout",
     "check_same_model",
     "check_same_settings",
+    "collective_settings",
     "data_parallel_group",
     "distributed_flag",
     "expert_data_parallel_group",
@@ -81,13 +82,53 @@ def is_expert(routed: RoutedParam) -> bool:
     return "expert" in routed.roles.roles
 
 
-def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.ProcessGroup, *, experts: bool | None = None) -> None:
-    """Fail fast, on every rank, when ranks resolved different params or groups.
+EXPERT_RANKS = "expert data-parallel group ranks"
+"""The one entry of :func:`collective_settings` that legitimately differs between ranks: it is
+checked as a partition of the data-parallel group, not for equality."""
+
+
+def collective_settings(
+    process_group: dist.ProcessGroup,
+    *,
+    param_sync: str,
+    expert_process_group: dist.ProcessGroup | None,
+    config: OptimizerConfig,
+) -> dict[str, Any]:
+    """What, besides the config (every field of which :func:`resolved_settings` holds), decides
+    which collectives a rank of the distributed optimizers calls.
+
+    ``param_sync`` (all-gather or one broadcast per rank after each step), the data-parallel
+    group's ranks, the expert data-parallel group's size (``None``: no expert plan, so no expert
+    exchanges) and ranks (:data:`EXPERT_RANKS`: each rank's own group, so these must partition
+    the data-parallel group rather than be equal), and whether the step's timers call barriers
+    (``timers`` set and ``barrier_with_L1_time``). A rank that differs in any of them would call
+    other collectives than the others and hang until the collective timeout.
+    """
+    experts = None if expert_process_group is None else tuple(dist.get_process_group_ranks(expert_process_group))
+    return {
+        "param_sync": repr(param_sync),
+        "data-parallel group ranks": repr(dist.get_process_group_ranks(process_group)),
+        "expert data-parallel group size": repr(None if experts is None else len(experts)),
+        EXPERT_RANKS: experts,
+        "timer barriers (timers set and barrier_with_L1_time)": repr(config.timers is not None and config.barrier_with_L1_time),
+    }
+
+
+def check_same_model(
+    groups: Sequence[ResolvedGroup],
+    process_group: dist.ProcessGroup,
+    *,
+    experts: bool | None = None,
+    collectives: Mapping[str, Any] | None = None,
+) -> None:
+    """Fail fast, on every rank, when ranks resolved different params or groups, or other collectives.
 
     Ranks exchange one fingerprint (names, shapes, dtypes, group configs) before any collective
     sized by the params, which would otherwise hang or corrupt memory. ``experts``: compare
     only the expert params (``True``) or only the others (``False``); expert-parallel ranks hold
     different experts, so those are compared within their expert data-parallel group.
+    ``collectives`` (:func:`collective_settings`) are compared first: ranks that differ there
+    may have compared different subsets of their params.
     """
     described = [
         (group.index, group.optimizer, name, tuple(routed.param.shape), str(routed.param.dtype))
@@ -96,11 +137,13 @@ def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.Proces
         if experts is None or is_expert(routed) == experts
     ]
     settings = resolved_settings(groups)
+    my_collectives = dict(collectives or {})
     digest = hashlib.sha256(repr((described, settings)).encode()).hexdigest()
     everyone: list[Any] = [None] * dist.get_world_size(process_group)
-    dist.all_gather_object(everyone, (digest, described, settings), group=process_group)
+    dist.all_gather_object(everyone, (digest, described, settings, my_collectives), group=process_group)
     mine = dist.get_rank(process_group)
-    for rank, (other_digest, other, other_settings) in enumerate(everyone):
+    _check_same_collectives([entry[3] for entry in everyone], dist.get_process_group_ranks(process_group), mine)
+    for rank, (other_digest, other, other_settings, _) in enumerate(everyone):
         if other_digest == digest:
             continue
         if other == described:
@@ -112,6 +155,23 @@ def check_same_model(groups: Sequence[ResolvedGroup], process_group: dist.Proces
             f"expected also: [{shorten([repr(d) for d in sorted(ours - theirs)])}] (only on rank {mine}); "
             "every rank must build the same model and routing"
         )
+
+
+def _check_same_collectives(everyone: list[dict[str, Any]], members: list[int], mine: int) -> None:
+    """Every rank's :func:`collective_settings` equal, but for the expert groups, which must each be
+    the same on all of its members (a partition): the same verdict on every rank, from the same list."""
+    equal = [{key: value for key, value in entry.items() if key != EXPERT_RANKS} for entry in everyone]
+    for rank, settings in enumerate(equal):
+        if settings != equal[mine]:
+            _raise_different_settings(equal[mine], settings, rank, mine)
+    for rank, entry in enumerate(everyone):
+        group = entry.get(EXPERT_RANKS)
+        for member in group or ():
+            other = members.index(member) if member in members else None
+            if other is not None and everyone[other].get(EXPERT_RANKS) != group:
+                # Raised on every rank (each sees the whole list): name the first inconsistent pair.
+                theirs = {EXPERT_RANKS: list(everyone[other][EXPERT_RANKS] or [])}
+                _raise_different_settings({EXPERT_RANKS: list(group or ())}, theirs, other, rank)
 
 
 def resolved_settings(groups: Sequence[ResolvedGroup]) -> dict[str, str]:
@@ -128,13 +188,14 @@ def resolved_settings(groups: Sequence[ResolvedGroup]) -> dict[str, str]:
     return settings
 
 
-def _raise_different_settings(ours: dict[str, str], theirs: dict[str, str], rank: int, mine: int) -> None:
+def _raise_different_settings(ours: Mapping[str, Any], theirs: Mapping[str, Any], rank: int, mine: int) -> None:
     differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
     shown = "; ".join(f"{key} = {theirs.get(key)} on rank {rank}, {ours.get(key)} on rank {mine}" for key in differing[:5])
     raise ValueError(
         f"distributed optimizer: rank {rank} resolved other settings than rank {mine}; got {shown}"
         f"{f' (+{len(differing) - 5} more)' if len(differing) > 5 else ''}; expected the same config, "
-        "precision flags and overrides on every rank (one step would mix them, or a collective would abort)"
+        "precision flags, overrides and get_optimizer arguments (param_sync, process groups) on every rank "
+        "(one step would mix them, or a collective would abort or hang)"
     )
 
 
