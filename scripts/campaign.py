@@ -187,6 +187,7 @@ RANGES: dict[str, Callable[[float], bool]] = {
                                             "lion_beta1", "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2")},
     **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr")},
     "adam_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
+    "grad_norm_skip_threshold": lambda v: v > 0,  # inf: never skip
     "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
     "min_loss_scale": lambda v: FP32_TINY <= v <= min(FP32_MAX, 2.0**32),  # and <= initial_loss_scale
     "loss_scale_window": lambda v: v >= 1 and float(v).is_integer(),
