@@ -143,6 +143,7 @@ def get_optimizer(
     inner = build_inner_optimizers(groups, param_groups)
     optimizer = _wrap(config, inner, param_groups, param_map, group, plans, param_sync, device=groups[0].params[0].param.device)
     optimizer.config = config  # Megatron-Core's optimizer.config
+    optimizer.defaults.update(lr=config.lr, weight_decay=config.weight_decay)  # what torch's constructor arguments would be
     _write_dumps(config, groups, routing, dump_param_to_param_group_map)
     return optimizer
 

@@ -35,6 +35,7 @@ from optzoo.optimizers._checked import KeepsSettingsOptimizer, autocast_disabled
 from optzoo.optimizers.registry import get_spec
 
 from optzoo.wrapper import grad_stages, step_guards
+from optzoo.wrapper.framework_contract import ClipWatch, LastStep, torch_defaults
 from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
@@ -117,13 +118,22 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         self._building = True
         super().__init__(param_groups, defaults={})
         self._building = False
-        for opt in self.optimizers:
-            opt.state = self.state  # params are disjoint, so one mapping serves every optimizer
+        # Set after the groups exist: torch's add_param_group would copy defaults into them.
+        self.defaults = torch_defaults(param_groups)
         first = next((e.main for e in param_map.local), None)
         device = first.device if first is not None else device or torch.device("cpu")
         self._one = torch.ones(1, dtype=torch.float32, device=device)
         self._found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         self._grad_buffers: dict[int, torch.Tensor] = {}  # fp32 copies of 16-bit grads, reused every step
+        self._last_step: LastStep | None = None
+        self._skipped_steps: int | torch.Tensor = 0
+        self._clip_watch = ClipWatch([e.model for e in param_map.local]) if options.clip_grad > 0.0 and param_map.grad_source == "grad" else None
+        self._index_inner_optimizers()
+
+    def _index_inner_optimizers(self) -> None:
+        """What each step needs to know about the inner optimizers (again after a group is added)."""
+        for opt in self.optimizers:
+            opt.state = self.state  # params are disjoint, so one mapping serves every optimizer
         # Which inner optimizers divide by a grad_scale tensor in their kernel (torch's protocol for
         # GradScaler: fused Adam, AdamW, SGD; the precision-aware Adam), and the params of the others.
         self._takes_grad_scale = [
@@ -147,6 +157,19 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 "expected get_optimizer(...) to be called again with the new parameters"
             )
         super().add_param_group(param_group)
+
+    @property
+    def last_step(self) -> LastStep | None:
+        """What the last :meth:`step` or :meth:`step_on_device` did, with the count of skipped steps
+        (``None`` before the first): for frameworks that drop ``step()``'s return value. Read-only."""
+        return self._last_step
+
+    def _record_step(self, success: bool | torch.Tensor, grad_norm: float | torch.Tensor | None, num_zeros: int | None) -> None:
+        if isinstance(success, torch.Tensor):  # on the device: counted there, without a read
+            self._skipped_steps = (~success).to(torch.int64) + self._skipped_steps
+        elif not success:
+            self._skipped_steps = self._skipped_steps + 1
+        self._last_step = LastStep(success, grad_norm, num_zeros, self._skipped_steps)
 
     @property
     def aliases(self) -> dict[str, tuple[str, ...]]:
@@ -257,8 +280,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        if self._clip_watch is not None and self._clip_watch.active:
+            self._clip_watch.check(self.options.clip_grad)
         with autocast_disabled():  # the step computes as outside the caller's autocast region
-            return self._step()
+            result = self._step()
+        self._record_step(*result)
+        return result
 
     def _step(self) -> StepResult:
         if self.prepare_grads():
@@ -399,8 +426,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 ``fold_clip_and_scale=False``. Nothing changes.
         """
         self._check_step_on_device()
+        if self._clip_watch is not None and self._clip_watch.active:
+            self._clip_watch.check(self.options.clip_grad)
         with autocast_disabled():
-            return self._step_on_device()
+            result = self._step_on_device()
+        self._record_step(*result)
+        return result
 
     def _step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         group, device = self.process_group, self._one.device

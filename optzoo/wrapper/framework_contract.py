@@ -1,0 +1,162 @@
+"""What frameworks that treat the wrapper as a plain ``torch.optim.Optimizer`` read from it.
+
+* :func:`torch_defaults`: ``optimizer.defaults`` as torch fills it (the settings every group
+  shares), which ``OneCycleLR``/``CyclicLR`` (``cycle_momentum``), Lightning's
+  ``LearningRateMonitor`` and Hugging Face's polynomial schedule read.
+* :class:`LastStep`: what ``step()`` returned, kept on the optimizer, since Trainer, accelerate and
+  Lightning drop ``step()``'s return value.
+* :class:`ClipWatch`: sees a framework's ``torch.nn.utils.clip_grad_norm_`` (Trainer's
+  ``max_grad_norm``, Lightning's ``gradient_clip_val``, ``accelerator.clip_grad_norm_``) run on the
+  gradients before optzoo's own clip, and warns once: clipping twice is rarely meant.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["ClipWatch", "DoubleClippingWarning", "LastStep", "torch_defaults"]
+
+# Per-group bookkeeping (routing and optzoo's own scheduler), not torch settings.
+_NOT_DEFAULTS = frozenset(
+    {"params", "param_names", "matrix_views", "flatten", "optimizer", "max_lr", "min_lr", "wd_mult", "default_config",
+     "start_wd", "end_wd", "initial_lr"}
+)  # fmt: skip
+
+
+def torch_defaults(param_groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The settings every group has, valued as the base config's group (``default_config``, else the first).
+
+    torch's ``defaults`` hold the constructor's settings, which every group has; a scheduler that
+    finds a key there writes it into every group (``OneCycleLR`` writes ``betas`` or ``momentum``).
+    So a key some groups lack (``betas`` when Muon groups hold ``momentum``) is left out.
+    """
+    if not param_groups:
+        return {}
+    base = next((g for g in param_groups if g.get("default_config")), param_groups[0])
+    shared = set(base).intersection(*param_groups) - _NOT_DEFAULTS
+    return {key: base[key] for key in base if key in shared}
+
+
+@dataclass(frozen=True)
+class LastStep:
+    """What the last ``step()`` (or ``step_on_device()``) did: ``optimizer.last_step``.
+
+    After ``step()`` the values are Python numbers, those ``step()`` returned. After
+    ``step_on_device()`` ``success`` and ``grad_norm`` are 0-dim tensors on the params' device (reading
+    them waits for the device), and ``skipped_steps`` becomes a device tensor from then on.
+    """
+
+    success: bool | torch.Tensor
+    """Whether the update was applied (``False``: inf/NaN gradients, a norm over
+    ``grad_norm_skip_threshold``, or a failed transaction; nothing changed)."""
+    grad_norm: float | torch.Tensor | None
+    """The global norm of the unscaled gradients before clipping (``None`` when not computed:
+    ``clip_grad == 0`` and no ``grad_norm_skip_threshold``, or an inf/NaN step under ``step()``)."""
+    num_zeros: int | None
+    """Zero gradient elements (with ``log_num_zeros_in_grad``, else ``None``)."""
+    skipped_steps: int | torch.Tensor
+    """Steps skipped since this optimizer was built (this one included). A run statistic, not
+    optimizer state: ``state_dict`` does not save it and ``load_state_dict`` leaves it as it is."""
+
+
+class DoubleClippingWarning(UserWarning):
+    """Gradients were clipped by the training framework and again by optzoo's ``clip_grad``."""
+
+
+class ClipWatch:
+    """Sees gradients changed in place between the end of ``backward()`` and ``step()``.
+
+    torch's ``clip_grad_norm_`` (which every framework's clipping calls) multiplies every gradient in
+    place, even by 1, which bumps each gradient tensor's version counter. A hook after each
+    gradient's accumulation queues one callback for the end of that ``backward()``, run after every
+    other end-of-backward callback (DDP's copy of its reduced buckets into ``.grad``), that records
+    the versions; ``check`` at the next step compares. Every recorded gradient changed means a pass
+    over all of them, as ``clip_grad_norm_`` makes. Only the first step that has a record is
+    checked, then the hooks are removed: frameworks clip from the first step on, and a hook per
+    param per backward is not worth keeping.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self._params = [p for p in params if p.requires_grad and p.is_leaf]
+        self._versions: dict[int, tuple[int, int]] = {}  # param index -> (id of its grad, grad version)
+        self._queued = False
+        self._handles = [p.register_post_accumulate_grad_hook(self._accumulated) for p in self._params]
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def _accumulated(self, _: torch.Tensor) -> None:
+        if self._queued:
+            return
+        self._queued = True
+        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+
+        def last() -> None:  # queued from a callback: runs after every callback queued during backward
+            self._queued = False
+            self._record()
+
+        engine.queue_callback(lambda: engine.queue_callback(last))
+
+    def _record(self) -> None:
+        self._versions = {i: (id(p.grad), p.grad._version) for i, p in enumerate(self._params) if p.grad is not None}
+
+    def changed_in_place(self) -> bool:
+        """Whether every gradient recorded at the end of the last backward was changed in place since."""
+        if not self._versions:
+            return False
+        for i, (grad_id, version) in self._versions.items():
+            grad = self._params[i].grad
+            if grad is None or id(grad) != grad_id or grad._version == version:
+                return False
+        return True
+
+    def check(self, clip_grad: float) -> None:
+        """At a step: warn once when the gradients were clipped before optzoo clips them to ``clip_grad``."""
+        if not self._versions:
+            return  # no backward seen yet (grads set by hand): look at the next step
+        if self.changed_in_place():
+            warnings.warn(
+                f"gradients clipped twice: by the training framework ({_framework_setting()}) and by optzoo "
+                f"(OptimizerConfig.clip_grad={clip_grad}); got torch.nn.utils.clip_grad_norm_ (or another in-place "
+                "change of every gradient) between backward() and step(); expected one clip: set "
+                "OptimizerConfig(clip_grad=0.0) to keep the framework's, or turn the framework's off to keep optzoo's "
+                "(which also gives last_step.grad_norm and the inf/NaN skip either way)",
+                DoubleClippingWarning,
+                stacklevel=4,
+            )
+        self.close()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._versions = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy of the optimizer steps copies of the params: no watch
+        return {"_params": [], "_versions": {}, "_queued": False, "_handles": []}
+
+
+def _framework_setting() -> str:
+    """The clipping setting of the framework calling this step, found on the call stack."""
+    settings = {
+        "transformers": "Trainer's TrainingArguments(max_grad_norm=...); max_grad_norm=0 turns it off",
+        "lightning": "Lightning's Trainer(gradient_clip_val=...); gradient_clip_val=None turns it off",
+        "pytorch_lightning": "Lightning's Trainer(gradient_clip_val=...); gradient_clip_val=None turns it off",
+        "accelerate": "accelerator.clip_grad_norm_(...): leave the call out to turn it off",
+    }
+    packages = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        packages.add(str(frame.f_globals.get("__name__", "")).split(".")[0])
+        frame = frame.f_back  # type: ignore[assignment]
+    for package in ("transformers", "lightning", "pytorch_lightning", "accelerate"):  # the outermost framework first
+        if package in packages:
+            return settings[package]
+    return "torch.nn.utils.clip_grad_norm_"
