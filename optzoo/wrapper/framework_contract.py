@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -20,7 +21,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["ClipWatch", "DoubleClippingWarning", "LastStep", "torch_defaults"]
+from optzoo._common import local_shard
+
+__all__ = ["WATCHED_STEPS", "ClipWatch", "DoubleClippingWarning", "LastStep", "torch_defaults"]
 
 # Per-group bookkeeping (routing and optzoo's own scheduler), not torch settings.
 _NOT_DEFAULTS = frozenset(
@@ -69,23 +72,33 @@ class DoubleClippingWarning(UserWarning):
     """Gradients were clipped by the training framework and again by optzoo's ``clip_grad``."""
 
 
-class ClipWatch:
-    """Sees gradients changed in place between the end of ``backward()`` and ``step()``.
+_INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(torch.__file__))
 
-    torch's ``clip_grad_norm_`` (which every framework's clipping calls) multiplies every gradient in
-    place, even by 1, which bumps each gradient tensor's version counter. A hook after each
-    gradient's accumulation queues one callback for the end of that ``backward()``, run after every
-    other end-of-backward callback (DDP's copy of its reduced buckets into ``.grad``), that records
-    the versions; ``check`` at the next step compares. Every recorded gradient changed means a pass
-    over all of them, as ``clip_grad_norm_`` makes. Only the first step that has a record is
-    checked, then the hooks are removed: frameworks clip from the first step on, and a hook per
-    param per backward is not worth keeping.
+WATCHED_STEPS = 100
+"""Steps :class:`ClipWatch` looks at before it removes its hooks: frameworks clip from the first
+step on, and gradients are largest early in training, so a clip that cuts shows up early."""
+
+
+class ClipWatch:
+    """Sees a clip of the gradients between the end of ``backward()`` and ``step()``.
+
+    torch's ``clip_grad_norm_``, which every framework's clipping calls, multiplies every gradient in
+    place by ``min(1, max_norm / norm)``: each gradient tensor's version counter moves, and, when it
+    cuts, the norm drops. Hugging Face's Trainer also calls it with ``max_norm=inf`` only to read
+    the norm (a multiply by 1): the versions move but the norm does not, and that is no clip. So a
+    hook after each gradient's accumulation queues one callback for the end of that ``backward()``,
+    run after every other end-of-backward callback (DDP copies its reduced buckets into ``.grad``
+    there), which records the versions and the norm; :meth:`check` at the step compares both. It
+    watches the first :data:`WATCHED_STEPS` steps that follow a ``backward()``, then removes its
+    hooks: while watching, each step costs two norm passes and one read.
     """
 
     def __init__(self, params: Sequence[torch.Tensor]) -> None:
         self._params = [p for p in params if p.requires_grad and p.is_leaf]
         self._versions: dict[int, tuple[int, int]] = {}  # param index -> (id of its grad, grad version)
+        self._norm: torch.Tensor | None = None
         self._queued = False
+        self._checked = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._accumulated) for p in self._params]
 
     @property
@@ -104,13 +117,21 @@ class ClipWatch:
 
         engine.queue_callback(lambda: engine.queue_callback(last))
 
-    def _record(self) -> None:
-        self._versions = {i: (id(p.grad), p.grad._version) for i, p in enumerate(self._params) if p.grad is not None}
+    def _grads(self) -> list[tuple[int, torch.Tensor]]:
+        return [(i, p.grad) for i, p in enumerate(self._params) if p.grad is not None]
 
-    def changed_in_place(self) -> bool:
+    @staticmethod
+    def _norm_of(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        norms = torch._foreach_norm([local_shard(g) for g in grads])
+        return torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
+
+    def _record(self) -> None:
+        grads = self._grads()
+        self._versions = {i: (id(g), g._version) for i, g in grads}
+        self._norm = self._norm_of([g for _, g in grads]) if grads else None
+
+    def _changed_in_place(self) -> bool:
         """Whether every gradient recorded at the end of the last backward was changed in place since."""
-        if not self._versions:
-            return False
         for i, (grad_id, version) in self._versions.items():
             grad = self._params[i].grad
             if grad is None or id(grad) != grad_id or grad._version == version:
@@ -119,28 +140,33 @@ class ClipWatch:
 
     def check(self, clip_grad: float) -> None:
         """At a step: warn once when the gradients were clipped before optzoo clips them to ``clip_grad``."""
-        if not self._versions:
-            return  # no backward seen yet (grads set by hand): look at the next step
-        if self.changed_in_place():
+        self._queued = False  # a backward that raised midway never ran its callback
+        if self._norm is None:
+            return  # no backward since the last step (grads set by hand): nothing to compare
+        before, self._norm = self._norm, None
+        cut = self._changed_in_place() and bool(self._norm_of([self._params[i].grad for i in self._versions]) < before)  # type: ignore[misc]
+        self._checked += 1
+        if cut:
             warnings.warn(
                 f"gradients clipped twice: by the training framework ({_framework_setting()}) and by optzoo "
-                f"(OptimizerConfig.clip_grad={clip_grad}); got torch.nn.utils.clip_grad_norm_ (or another in-place "
-                "change of every gradient) between backward() and step(); expected one clip: set "
-                "OptimizerConfig(clip_grad=0.0) to keep the framework's, or turn the framework's off to keep optzoo's "
-                "(which also gives last_step.grad_norm and the inf/NaN skip either way)",
+                f"(OptimizerConfig.clip_grad={clip_grad}); got torch.nn.utils.clip_grad_norm_ cutting every gradient "
+                "between backward() and step(); expected one clip: set OptimizerConfig(clip_grad=0.0) to keep the "
+                "framework's, or turn the framework's off to keep optzoo's (its norm is last_step.grad_norm)",
                 DoubleClippingWarning,
-                stacklevel=4,
+                skip_file_prefixes=_INTERNAL,  # points at the framework's (or the user's) call of step()
             )
-        self.close()
+        if cut or self._checked >= WATCHED_STEPS:
+            self.close()
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._versions = {}
+        self._norm = None
 
     def __getstate__(self) -> dict[str, Any]:  # a copy of the optimizer steps copies of the params: no watch
-        return {"_params": [], "_versions": {}, "_queued": False, "_handles": []}
+        return {"_params": [], "_versions": {}, "_norm": None, "_queued": False, "_checked": 0, "_handles": []}
 
 
 def _framework_setting() -> str:

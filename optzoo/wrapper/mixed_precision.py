@@ -280,7 +280,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        if self._clip_watch is not None and self._clip_watch.active:
+        if self._clip_watch is not None and self._clip_watch.active:  # after the closure: Lightning clips in it
             self._clip_watch.check(self.options.clip_grad)
         with autocast_disabled():  # the step computes as outside the caller's autocast region
             result = self._step()
