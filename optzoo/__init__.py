@@ -28,9 +28,11 @@ from optzoo.routing import (
 from optzoo.scheduler import OptimizerParamScheduler, get_canonical_lr_for_logging
 from optzoo.wrapper import (
     ConstantGradScaler,
+    DoubleClippingWarning,
     DynamicGradScaler,
     Float16OptimizerWithFloat16Params,
     FP32Optimizer,
+    LastStep,
     MegatronGradScaler,
     MixedPrecisionOptimizer,
     make_grad_scaler,
@@ -39,12 +41,14 @@ from optzoo.wrapper import (
 __all__ = [
     "AdamOptimizerConfig",
     "ConstantGradScaler",
+    "DoubleClippingWarning",
     "DynamicGradScaler",
     "FP32Optimizer",
     "Finding",
     "Fix",
     "Float16OptimizerWithFloat16Params",
     "GuessedRolesWarning",
+    "LastStep",
     "MatrixView",
     "MegatronGradScaler",
     "MixedPrecisionOptimizer",

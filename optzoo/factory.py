@@ -38,6 +38,7 @@ from optzoo.wrapper.mixed_precision import (
     MixedPrecisionOptimizer,
     StepOptions,
 )
+from optzoo.wrapper.added_groups import Rerouter, instance_key
 from optzoo.wrapper.param_map import ParamMap, build_param_map, check_param_dtypes
 from optzoo.wrapper.scalers import make_grad_scaler
 
@@ -143,6 +144,8 @@ def get_optimizer(
     inner = build_inner_optimizers(groups, param_groups)
     optimizer = _wrap(config, inner, param_groups, param_map, group, plans, param_sync, device=groups[0].params[0].param.device)
     optimizer.config = config  # Megatron-Core's optimizer.config
+    optimizer._rerouter = Rerouter(config, chunks, config_overrides, strict, example_inputs, trace)
+    optimizer._inner_keys = list(dict.fromkeys(instance_key(g) for g in groups))  # build_inner_optimizers' order
     optimizer.defaults.update(lr=config.lr, weight_decay=config.weight_decay)  # what torch's constructor arguments would be
     _write_dumps(config, groups, routing, dump_param_to_param_group_map)
     return optimizer
@@ -218,9 +221,7 @@ def build_inner_optimizers(groups: Sequence[ResolvedGroup], param_groups: list[d
     over its torch groups, in order of first use."""
     instances: dict[tuple[Any, ...], list[int]] = {}
     for group in groups:
-        spec = get_spec(group.optimizer)
-        identity = (spec.name, *(getattr(group.config, f) for f in spec.instance_fields))
-        instances.setdefault(identity, []).append(group.index)
+        instances.setdefault(instance_key(group), []).append(group.index)
     inner = []
     for (name, *_), indices in instances.items():
         spec = get_spec(name)

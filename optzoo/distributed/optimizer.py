@@ -111,6 +111,18 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 buffers[dtype] = [torch.empty(n, dtype=dtype, device=self._one.device) for n in lengths]
             self._syncs.append((group, one_plan.world_size, layout, buffers))
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused after construction: the sharding plan (who owns and syncs what) is agreed by every rank
+        when the optimizer is built, and a new param would need a new plan on all of them at once."""
+        if self._building:
+            super().add_param_group(param_group)
+            return
+        raise TypeError(
+            f"`{type(self).__name__}.add_param_group`: the distributed optimizer's sharding plan is fixed when it is built; "
+            "got new params mid-run; expected get_optimizer(...) to be called again (on every rank) with the params trainable, "
+            "or a one-process optimizer (FSDP2 or DDP without use_distributed_optimizer/use_layer_wise_distributed_optimizer)"
+        )
+
     @torch.no_grad()
     def step_with_ready_grads(self) -> bool:
         """:meth:`MixedPrecisionOptimizer.step_with_ready_grads` on the owned shards, then every

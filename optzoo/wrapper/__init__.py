@@ -1,6 +1,7 @@
 """The wrapper every optimizer of ``get_optimizer`` is: the parameter map, the gradient stages of a
 step, mixed precision (fp32 main params), loss scalers and name-keyed state dicts."""
 
+from optzoo.wrapper.framework_contract import DoubleClippingWarning, LastStep
 from optzoo.wrapper.mixed_precision import (
     Float16OptimizerWithFloat16Params,
     FP32Optimizer,
@@ -14,9 +15,11 @@ from optzoo.wrapper.state_dict import STATE_DICT_FORMAT
 
 __all__ = [
     "ConstantGradScaler",
+    "DoubleClippingWarning",
     "DynamicGradScaler",
     "FP32Optimizer",
     "Float16OptimizerWithFloat16Params",
+    "LastStep",
     "MegatronGradScaler",
     "MixedPrecisionOptimizer",
     "ParamEntry",

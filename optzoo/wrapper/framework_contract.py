@@ -99,7 +99,7 @@ class ClipWatch:
         self._norm: torch.Tensor | None = None
         self._queued = False
         self._checked = 0
-        self._handles = [p.register_post_accumulate_grad_hook(self._accumulated) for p in self._params]
+        self._handles = [p.register_post_accumulate_grad_hook(self._accumulated) for p in self._params]  # type: ignore[no-untyped-call]
 
     @property
     def active(self) -> bool:
@@ -109,7 +109,7 @@ class ClipWatch:
         if self._queued:
             return
         self._queued = True
-        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+        engine = torch.autograd.Variable._execution_engine
 
         def last() -> None:  # queued from a callback: runs after every callback queued during backward
             self._queued = False
@@ -123,7 +123,8 @@ class ClipWatch:
     @staticmethod
     def _norm_of(grads: Sequence[torch.Tensor]) -> torch.Tensor:
         norms = torch._foreach_norm([local_shard(g) for g in grads])
-        return torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
+        total: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.float().to(norms[0].device) for n in norms]))
+        return total
 
     def _record(self) -> None:
         grads = self._grads()

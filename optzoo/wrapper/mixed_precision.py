@@ -35,6 +35,7 @@ from optzoo.optimizers._checked import KeepsSettingsOptimizer, autocast_disabled
 from optzoo.optimizers.registry import get_spec
 
 from optzoo.wrapper import grad_stages, step_guards
+from optzoo.wrapper.added_groups import Rerouter, route_added_params, sync_siblings_
 from optzoo.wrapper.framework_contract import ClipWatch, LastStep, torch_defaults
 from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
 from optzoo.wrapper.param_map import ParamMap
@@ -125,6 +126,9 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         self._one = torch.ones(1, dtype=torch.float32, device=device)
         self._found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         self._grad_buffers: dict[int, torch.Tensor] = {}  # fp32 copies of 16-bit grads, reused every step
+        self._rerouter: Rerouter | None = None  # set by get_optimizer: what add_param_group routes with
+        self._inner_keys: list[tuple[Any, ...]] = []  # per inner optimizer: instance_key of its groups
+        self._siblings: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
         self._last_step: LastStep | None = None
         self._skipped_steps: int | torch.Tensor = 0
         self._clip_watch = ClipWatch([e.model for e in param_map.local]) if options.clip_grad > 0.0 and param_map.grad_source == "grad" else None
@@ -151,12 +155,64 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         ]
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if not self._building:
+        """Add params that became trainable after :func:`~optzoo.get_optimizer` (a backbone unfrozen by
+        Lightning's ``BackboneFinetuning``), routed by the rules that built this optimizer.
+
+        Each param takes the group the routing gives it (its optimizer, Muon's scalar hand-off, weight
+        decay, lr): it joins the existing group with exactly those settings, or gets a new group. Keys
+        besides ``params`` (``lr``, ``weight_decay``, ``betas``, ...) are settings for these params and
+        override the routing's: the params then get new groups, one per routed group, appended in
+        routing order, and a key later changed on one of them only (``param_groups[-1]["lr"] = ...``)
+        reaches the others at the next step. See :mod:`optzoo.wrapper.added_groups`.
+
+        Raises:
+            TypeError: ``param_group`` is not a dict with a list of tensors under ``params``; or this
+                optimizer was not built by ``get_optimizer`` (or is a copy of one).
+            ValueError: A param routing cannot place (named, with why), a key routing decides
+                (``optimizer``) or one no routed group has, or an invalid value. Nothing changes.
+
+        Warns:
+            UserWarning: Params already stepped: they stay in their groups.
+        """
+        if self._building:
+            super().add_param_group(param_group)
+            return
+        if self._rerouter is None:
             raise TypeError(
-                f"`{type(self).__name__}.add_param_group`: groups are fixed by routing; got a new group; "
-                "expected get_optimizer(...) to be called again with the new parameters"
+                f"`{type(self).__name__}.add_param_group`: no routing to place new params; got an optimizer not built "
+                "by get_optimizer (or a copy of one); expected get_optimizer(...) to be called again with the new parameters"
             )
-        super().add_param_group(param_group)
+        group_keys = [self._inner_keys[i] for g in self.param_groups for i, opt in enumerate(self.optimizers) if any(h is g for h in opt.param_groups)]
+        plan = route_added_params(
+            param_group, rerouter=self._rerouter, param_map=self.param_map, param_groups=self.param_groups, group_keys=group_keys
+        )
+        if plan is None:
+            return
+        for group, mains, names, views in plan.joined:
+            group["params"].extend(mains)
+            group["param_names"].extend(names)
+            if views is not None:
+                group["matrix_views"] = list(group.get("matrix_views", [])) + views
+        for group, key, resolved in plan.new_groups:
+            if key in self._inner_keys:
+                self.optimizers[self._inner_keys.index(key)].add_param_group(group)
+            else:
+                spec = get_spec(resolved.optimizer)
+                self.optimizers.append(spec.build([group], {f: getattr(resolved.config, f) for f in spec.instance_fields}))
+                self._inner_keys.append(key)
+            self.param_groups.append(group)
+        if plan.siblings is not None:
+            self._siblings.append(plan.siblings)
+        self.param_map = plan.param_map
+        self._index_inner_optimizers()
+        if self._clip_watch is not None and self._clip_watch.active:  # watch the new params too
+            self._clip_watch.close()
+            self._clip_watch = ClipWatch([e.model for e in self.param_map.local])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_rerouter"] = None  # it holds the model: a copy of the optimizer does not copy the model
+        return state
 
     @property
     def last_step(self) -> LastStep | None:
@@ -280,6 +336,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        sync_siblings_(self._siblings)
         if self._clip_watch is not None and self._clip_watch.active:  # after the closure: Lightning clips in it
             self._clip_watch.check(self.options.clip_grad)
         with autocast_disabled():  # the step computes as outside the caller's autocast region
@@ -426,6 +483,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 ``fold_clip_and_scale=False``. Nothing changes.
         """
         self._check_step_on_device()
+        sync_siblings_(self._siblings)
         if self._clip_watch is not None and self._clip_watch.active:
             self._clip_watch.check(self.options.clip_grad)
         with autocast_disabled():

@@ -246,3 +246,91 @@ def test_no_warning_without_optzoos_clip_or_for_a_change_of_some_gradients() -> 
                         p.grad = p.grad * 0.01  # type: ignore[operator]  # new tensors: not an in-place clip
                 opt.step()
         assert _double_clip_warnings(caught) == [], change
+
+
+# ---- add_param_group: Lightning's BackboneFinetuning ----------------------------------------------------
+
+BACKBONE_DECAY = ["backbone.0.weight", "backbone.2.weight"]
+BACKBONE_NO_DECAY = ["backbone.0.bias", "backbone.1.weight", "backbone.1.bias", "backbone.2.bias"]  # biases and the norm
+
+
+class FineTuned(L.LightningModule):
+    """A ``backbone`` (what ``BackboneFinetuning`` freezes, then unfreezes) and a ``head``."""
+
+    def __init__(self, config: OptimizerConfig) -> None:
+        super().__init__()
+        net = Net()
+        self.backbone, self.head = net.backbone, net.head
+        self.config = config
+        self.opt: Any = None
+        self.groups_by_epoch: list[list[tuple[str, float, float, list[str]]]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.backbone(x)))  # type: ignore[no-any-return]
+
+    def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def on_train_epoch_end(self) -> None:
+        self.groups_by_epoch.append([(g["optimizer"], g["lr"], g["weight_decay"], list(g["param_names"])) for g in self.opt.param_groups])
+
+    def configure_optimizers(self) -> Any:
+        self.opt = get_optimizer(self.config, self, trace=False)
+        return self.opt
+
+
+def test_backbone_finetuning_adds_the_backbone_as_routing_says_and_matches_torch_adamw(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import BackboneFinetuning
+
+    lr = 1e-2
+    module = FineTuned(OptimizerConfig(lr=lr, weight_decay=0.1, clip_grad=0.0))
+    reference = Net()
+    reference.load_state_dict({k: v.clone() for k, v in module.state_dict().items()})
+    _lightning_fit(module, tmp_path, epochs=3, callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)])
+
+    # Lightning's own numbers (lightning/pytorch/callbacks/finetuning.py, BackboneFinetuning.finetune_function):
+    # at the unfreeze epoch the backbone lr is lr * backbone_initial_ratio_lr (0.1); each later epoch
+    # multiplies it by lambda_func (multiplicative: 2.0), set on param_groups[-1]: here on both backbone groups.
+    head = [("adam", lr, 0.1, ["head.weight"]), ("adam", lr, 0.0, ["head.bias"])]
+    assert module.groups_by_epoch[0] == head
+    assert module.groups_by_epoch[1] == head + [("adam", lr * 0.1, 0.1, BACKBONE_DECAY), ("adam", lr * 0.1, 0.0, BACKBONE_NO_DECAY)]
+    assert module.groups_by_epoch[2] == head + [("adam", lr * 0.1 * 2.0, 0.1, BACKBONE_DECAY), ("adam", lr * 0.1 * 2.0, 0.0, BACKBONE_NO_DECAY)]
+
+    # torch.optim.AdamW over the same batches, the groups written by hand from the rules above
+    by_name = dict(reference.named_parameters())
+    flags = {k: v for k, v in module.opt.param_groups[0].items() if k in ("betas", "eps", "fused", "foreach")}
+    for p in reference.backbone.parameters():
+        p.requires_grad_(False)
+    adamw = torch.optim.AdamW(
+        [{"params": [by_name["head.weight"]], "weight_decay": 0.1}, {"params": [by_name["head.bias"]], "weight_decay": 0.0}], lr=lr, **flags
+    )
+    x, y = _data()
+    for epoch in range(3):
+        if epoch == 1:
+            for p in reference.backbone.parameters():
+                p.requires_grad_(True)
+            adamw.add_param_group({"params": [by_name[n] for n in BACKBONE_DECAY], "lr": lr * 0.1, "weight_decay": 0.1})
+            adamw.add_param_group({"params": [by_name[n] for n in BACKBONE_NO_DECAY], "lr": lr * 0.1, "weight_decay": 0.0})
+        if epoch == 2:
+            for group in adamw.param_groups[2:]:
+                group["lr"] = lr * 0.1 * 2.0
+        for start in range(0, len(x), 4):
+            adamw.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x[start : start + 4]), y[start : start + 4]).backward()
+            adamw.step()
+    for name, p in module.named_parameters():
+        torch.testing.assert_close(p, by_name[name], atol=0, rtol=0, msg=name)
+
+
+def test_backbone_finetuning_puts_the_unfrozen_hidden_matrices_on_muon(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import BackboneFinetuning
+
+    module = FineTuned(OptimizerConfig(lr=1e-2, weight_decay=0.1, optimizer="muon", muon_fp32_matmul_prec="highest"))
+    before = {n: p.detach().clone() for n, p in module.backbone.named_parameters()}
+    _lightning_fit(module, tmp_path, epochs=2, callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)])
+    added = module.groups_by_epoch[1][len(module.groups_by_epoch[0]) :]
+    assert added == [("muon", 1e-3, 0.1, BACKBONE_DECAY), ("adam", 1e-3, 0.0, BACKBONE_NO_DECAY)]
+    assert all(not torch.equal(before[n], p) for n, p in module.backbone.named_parameters())  # stepped in epoch 1
+    muon = next(opt for opt in module.opt.optimizers if any(g["optimizer"] == "muon" for g in opt.param_groups))
+    assert all("momentum_buffer" in muon.state[p] for p in (module.backbone[0].weight, module.backbone[2].weight))

@@ -179,9 +179,10 @@ def test_config_logger_dir_writes_the_config(gpt: torch.nn.Module, tmp_path: Pat
     assert dumped["lr"] == 1e-3 and dumped["params_dtype"] == "float32"
 
 
-def test_add_param_group_is_refused(gpt: torch.nn.Module) -> None:
+def test_add_param_group_refuses_a_param_outside_the_model(gpt: torch.nn.Module) -> None:
+    # new params of the model are routed (issue #25; tests/optzoo/test_added_groups.py); others cannot be
     opt = get_optimizer(BASE, gpt)
-    with pytest.raises(TypeError, match=r"`FP32Optimizer.add_param_group`: groups are fixed by routing"):
+    with pytest.raises(ValueError, match=r"`add_param_group`: params that routing cannot place; got params\[0\] \(\(2,\), float32\) is not a parameter"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
 
 
