@@ -201,6 +201,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 self.optimizers.append(spec.build([group], {f: getattr(resolved.config, f) for f in spec.instance_fields}))
                 self._inner_keys.append(key)
             self.param_groups.append(group)
+        assert sorted(id(g) for opt in self.optimizers for g in opt.param_groups) == sorted(id(g) for g in self.param_groups)
         if plan.siblings is not None:
             self._siblings.append(plan.siblings)
         self.param_map = plan.param_map

@@ -578,8 +578,15 @@ def _d10() -> None:
     raise AssertionError(f"grads after step: {grads}")
 
 
+def _d11() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = get_optimizer(OptimizerConfig(lr=1e-3, optimizer="muon"), model, trace=False)
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=4)
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {
     "D1": _d1, "D2": _d2, "D3": _d3, "D4": _d4, "D5": _d5, "D6": _d6, "D7": _d7, "D8": _d8, "D9": _d9, "D10": _d10,
+    "D11": _d11,
 }  # fmt: skip
 
 
