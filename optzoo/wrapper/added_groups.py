@@ -195,9 +195,8 @@ def route_added_params(
             continue
         torch_group = group.torch_param_group(mains, names)
         for key, value in caller.items():
-            if key in torch_group or key == "param_names":
-                if key != "param_names":
-                    torch_group[key] = value
+            if key in torch_group and key != "param_names":  # a key goes to the groups that have it (betas: Adam's)
+                torch_group[key] = value
         if "lr" in caller:
             torch_group["max_lr"] = caller["lr"]  # the peak optzoo's scheduler reads
         plan.new_groups.append((torch_group, instance_key(group), group))

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
+import pytest
 import torch
+from torch.optim import lr_scheduler as lrs
 
 from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads, twin
@@ -46,13 +50,6 @@ def test_cosine_annealing_matches_torch_adamw_under_the_same_schedule(odd_model:
 
 
 # ---- every torch.optim.lr_scheduler class (issue #25 item 5) ----------------------------------------
-
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-
-from torch.optim import lr_scheduler as lrs  # noqa: E402
 
 TORCH_SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     "LambdaLR": lambda o: lrs.LambdaLR(o, lambda step: 0.8**step),
