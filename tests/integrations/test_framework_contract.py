@@ -334,3 +334,42 @@ def test_backbone_finetuning_puts_the_unfrozen_hidden_matrices_on_muon(tmp_path:
     assert all(not torch.equal(before[n], p) for n, p in module.backbone.named_parameters())  # stepped in epoch 1
     muon = next(opt for opt in module.opt.optimizers if any(g["optimizer"] == "muon" for g in opt.param_groups))
     assert all("momentum_buffer" in muon.state[p] for p in (module.backbone[0].weight, module.backbone[2].weight))
+
+
+def _ddp_clip_warnings(rank: int, world_size: int, framework_clip: bool) -> list[str]:
+    torch.manual_seed(0)
+    model = Net()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = get_optimizer(OptimizerConfig(lr=1e-2), model, trace=False)
+    x, y = _data(seed=rank)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt.zero_grad()
+            ddp(x, y)["loss"].backward()  # DDP copies its reduced buckets into .grad at the end of backward
+            if framework_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+    return _double_clip_warnings(caught)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework_clip", [False, True])
+def test_ddps_own_copy_into_grad_is_no_clip(framework_clip: bool) -> None:
+    from tests.distributed.harness import run_ranks
+
+    for messages in run_ranks(2, _ddp_clip_warnings, framework_clip):
+        assert len(messages) == (1 if framework_clip else 0)
+
+
+def test_hugging_faces_polynomial_schedule_reads_the_configs_lr_from_defaults() -> None:
+    from transformers import get_polynomial_decay_schedule_with_warmup
+
+    model = Net()
+    opt = get_optimizer(OptimizerConfig(lr=1e-2, weight_decay=0.1, decoupled_lr=1e-3), model, trace=False)
+    scheduler = get_polynomial_decay_schedule_with_warmup(opt, num_warmup_steps=0, num_training_steps=4, lr_end=1e-4, power=1.0)
+    for _ in range(2):
+        scheduler.step()
+    # transformers' lambda: ((lr_init - lr_end) * (1 - 2/4) + lr_end) / lr_init, lr_init = defaults["lr"] = the config's lr
+    factor = ((1e-2 - 1e-4) * 0.5 + 1e-4) / 1e-2
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([g["initial_lr"] * factor for g in opt.param_groups], rel=1e-12)
