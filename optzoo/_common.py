@@ -7,6 +7,7 @@ so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``test
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import heapq
 import math
 import os
@@ -32,6 +33,7 @@ __all__ = [
     "check_flag",
     "dense_layout",
     "describe_param",
+    "did_you_mean",
     "fused_supported",
     "has_fused_kernel",
     "invalid",
@@ -195,7 +197,26 @@ def check_choice(subject: str, value: object, allowed: Iterable[str]) -> None:
     """
     allowed = list(allowed)
     if value not in allowed:
-        raise ValueError(f"{subject}: unknown value; got {value!r}; expected one of {allowed}")
+        raise ValueError(f"{subject}: unknown value; got {value!r}; expected one of {allowed}{did_you_mean(value, allowed)}")
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``"; did you mean 'muon'?"`` for the closest of ``choices`` to a misspelt ``word``, else ``""``.
+
+    Appended to an "unknown ..." message, after its ``expected`` part.
+
+    Example:
+        >>> did_you_mean("muom", ["adam", "muon", "lion"]), did_you_mean("zzz", ["adam"])
+        ("; did you mean 'muon'?", '')
+    """
+    if not isinstance(word, str):
+        return ""
+    choices = [c for c in choices if isinstance(c, str)]
+    lowered = {c.lower(): c for c in choices}
+    if word.lower() in lowered and lowered[word.lower()] != word:  # only the case differs
+        return f"; did you mean {lowered[word.lower()]!r}?"
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return f"; did you mean {lowered[close[0]]!r}?" if close else ""
 
 
 def check_flag(subject: str, value: object) -> None:
