@@ -308,7 +308,7 @@ def fit_table(
     if details and tablefmt != "simple":
         raise ValueError(f"`tablefmt`: details need the 'simple' format; got {tablefmt!r}; expected 'simple'")
     table = [list(row) for row in rows]
-    text = tabulate(table, headers=list(headers), tablefmt=tablefmt, **options)
+    text: str = tabulate(table, headers=list(headers), tablefmt=tablefmt, **options)
     if _widest(text) <= width:
         return text
     keep = list(range(len(headers)))
