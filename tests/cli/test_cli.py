@@ -1166,3 +1166,169 @@ def test_item13_a_huge_world_size_and_negative_demo_steps_are_refused(capsys: py
     assert line == "optzoo: error: `--world-size`: out of range; got an int of 31 digits; expected an integer in [1, 1048576]"
     line = run_usage_error(capsys, "demo", "--steps", "-1")
     assert line == "optzoo: error: argument --steps: must be at least 1; got -1 (see `optzoo demo --help`)"
+
+
+# ---- issue 25: --version, recipes, did you mean, hf: forms, module:callable from here ------
+
+
+def test_version_names_optzoo_torch_and_emerging_optimizers(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert capsys.readouterr().out == (
+        f"optzoo {version('optzoo')} (torch {torch.__version__}, "
+        f"emerging-optimizers {version('emerging-optimizers')}, Python {python})\n"
+    )
+
+
+def test_recipes_lists_each_shipped_file_with_its_first_comment_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = Path(__file__).resolve().parents[2] / "optzoo" / "recipes"
+    expected = {p.stem: p.read_text().splitlines()[0].removeprefix("# ") for p in sorted(folder.glob("*.toml"))}
+    assert set(expected) >= {"muon-llm", "lion-llm", "adamw-no-decay-norms"}
+    assert json.loads(run_ok(capsys, "recipes", "--format", "json")) == [
+        {"name": name, "description": text} for name, text in expected.items()
+    ]
+    monkeypatch.setenv("COLUMNS", "1000")
+    header, rule, *rows = run_ok(capsys, "recipes").splitlines()
+    assert header.split() == ["recipe", "description"]
+    assert [row.split(maxsplit=1) for row in rows] == [[name, text] for name, text in expected.items()]
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["lst"], "did you mean 'list'?"),
+        (["recipe"], "did you mean 'recipes'?"),
+        (["dump-param-groups", "--model", "gtp"], "did you mean 'gpt'?"),
+        (["dump-param-groups", "--model", "gpt", "--config", "muon-lm"], "did you mean 'muon-llm'?"),
+        (["dump-param-groups", "--model", "hf:LlamaConfg"], "did you mean 'LlamaConfig'?"),
+        (["dump-param-groups", "--model", "hf:T5Config:AutoModelForSeq2SeqLMM"], "did you mean 'AutoModelForSeq2SeqLM'?"),
+    ],
+)
+def test_a_misspelt_name_gets_the_close_match(capsys: pytest.CaptureFixture[str], argv: list[str], hint: str) -> None:
+    try:
+        status = main(argv)
+    except SystemExit as exited:
+        status = exited.code  # type: ignore[assignment]
+    line = assert_one_error_line(capsys.readouterr().err)
+    assert status == 2
+    assert hint in line, line
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ('[config]\nlr = 1e-3\noptimizer = "muom"\n', "; did you mean 'muon'?"),
+        ("[config]\nlr = 1e-3\nweight_decy = 0.1\n", "; did you mean 'weight_decay'?"),
+        ('[config]\nlr = 1e-3\nmuon_scale_mode = "spectrl"\n', "; did you mean 'spectral'?"),
+        ('[config]\nlr = 1e-3\n[[overrides]]\nname = "*.bias"\nset = { wd_mul = 0.0 }\n', "; did you mean 'wd_mult'?"),
+        ('[config]\nlr = 1e-3\n[[overrides]]\npredicate = "is_1D"\nset = { wd_mult = 0.0 }\n', "; did you mean 'is_1d'?"),
+        ('[config]\nlr = 1e-3\n[[overrides]]\nexclude_nam = "*.bias"\nname = "*"\nset = { wd_mult = 0.0 }\n', "; did you mean 'exclude_name'?"),
+    ],
+    ids=["optimizer", "config-field", "value", "override-field", "predicate", "entry-key"],
+)
+def test_a_misspelt_config_file_gets_the_close_match(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, hint: str) -> None:
+    config = write_file(tmp_path, "typo.toml", text)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert line.endswith(hint), line
+
+
+def test_the_python_api_suggests_too() -> None:
+    with pytest.raises(TypeError, match=r"^OptimizerConfig.__init__\(\) got an unexpected keyword argument 'weight_decy'; "
+                                        r"did you mean 'weight_decay'\?$"):  # fmt: skip
+        OptimizerConfig(lr=1e-3, weight_decy=0.1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"'lrr'; did you mean 'lr'\?$"):
+        OptimizerConfig(lr=1e-3).replace(lrr=1.0)
+    with pytest.raises(ValueError, match=r"^`OptimizerConfig.optimizer`: unknown optimizer; got 'Muon'; expected one of .*; did you mean 'muon'\?$"):
+        OptimizerConfig(lr=1e-3, optimizer="Muon")
+    with pytest.raises(ValueError, match=r"^`optimizer`: unknown optimizer; got 'lino'; expected one of .*; did you mean 'lion'\?$"):
+        get_spec("lino")
+    with pytest.raises(ValueError, match=r"expected one of \[.*\]$"):  # nothing close: no guess
+        OptimizerConfig(lr=1e-3, optimizer="zzzzzz")
+
+
+def _save_pretrained(folder: Path, config_class: str, **sizes: Any) -> None:
+    transformers = pytest.importorskip("transformers")
+    getattr(transformers, config_class)(**sizes).save_pretrained(str(folder))
+
+
+BERT_SIZES = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def test_hf_folder_in_the_current_directory_is_a_path_not_a_class(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hf:bert`` names a folder here (as save_pretrained writes it): config only, no weights."""
+    _save_pretrained(tmp_path / "bert", "BertConfig", architectures=["BertForSequenceClassification"], **BERT_SIZES)
+    assert not list((tmp_path / "bert").glob("*.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    for spec in ("hf:bert", "hf:./bert", f"hf:{tmp_path / 'bert'}"):
+        document = dump_json(capsys, "--model", spec)
+        names = set(group_of(document))
+        assert "classifier.weight" in names and "bert.embeddings.word_embeddings.weight" in names, spec  # the saved class
+        embeddings = 64 * 32 + 512 * 32 + 2 * 32 + 2 * 32  # word, position, token type, norm
+        layer = 4 * (32 * 32 + 32) + 2 * 32 + (32 * 64 + 64) + (64 * 32 + 32) + 2 * 32  # q k v o, norm, mlp, norm
+        head = (32 * 32 + 32) + (32 * 2 + 2)  # pooler, 2-label classifier
+        assert sum(g["num_elements"] for g in document["groups"]) == embeddings + layer + head, spec
+    document = dump_json(capsys, "--model", "hf:bert:AutoModelForMaskedLM")
+    assert "cls.predictions.decoder.weight" in group_of(document) or "cls.predictions.transform.dense.weight" in group_of(document)
+
+
+@pytest.mark.parametrize(
+    ("spec", "model_class"),
+    [
+        ("T5Config", "T5ForConditionalGeneration"),  # AutoModelForSeq2SeqLM
+        ("BertConfig", "BertForMaskedLM"),  # an encoder: not its causal head, which wants is_decoder=True
+        ("ViTConfig", "ViTForImageClassification"),
+        ("LlamaConfig", "LlamaForCausalLM"),
+        ("T5Config:AutoModel", "T5Model"),
+        ("BertConfig:AutoModelForCausalLM", "BertLMHeadModel"),
+        ("ViTConfig:AutoModel", "ViTModel"),
+    ],
+)
+def test_hf_config_picks_the_auto_class_with_a_model_for_it(spec: str, model_class: str) -> None:
+    from optzoo.models import build_model
+
+    auto = pytest.importorskip("transformers.models.auto.modeling_auto")
+    expected = {
+        "AutoModelForCausalLM": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "AutoModelForSeq2SeqLM": auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        "AutoModelForMaskedLM": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "AutoModelForImageClassification": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "AutoModel": auto.MODEL_MAPPING_NAMES,
+    }
+    model_type = {"T5Config": "t5", "BertConfig": "bert", "ViTConfig": "vit", "LlamaConfig": "llama"}[spec.split(":")[0]]
+    assert model_class in [table.get(model_type) for table in expected.values()]  # transformers' own tables
+    assert type(build_model(f"hf:{spec}")).__name__ == model_class
+
+
+def test_lint_runs_on_encoder_decoder_and_vision_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    for spec in ("hf:T5Config", "hf:BertConfig", "hf:ViTConfig"):
+        out = run_ok(capsys, "lint", "--model", spec, "--config", "muon-llm")
+        assert out.splitlines()[-1].endswith(("finding", "findings")), (spec, out)
+
+
+def test_an_auto_class_without_a_model_for_the_config_lists_those_with_one(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "hf:ViTConfig:AutoModelForCausalLM")
+    assert line == (
+        "optzoo: error: `hf:ViTConfig:AutoModelForCausalLM`: AutoModelForCausalLM has no model for this config; "
+        "got ViTConfig; expected one of the Auto classes that have one: ['AutoModelForImageClassification', 'AutoModel']"
+    )
+
+
+def test_a_module_in_the_current_directory_is_found(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """The ``optzoo`` script has its own folder first on sys.path, not the current one; ``--model
+    mymodels:build`` finds ``./mymodels.py`` as ``python -m`` would, and sys.path is left as found."""
+    name = f"optzoo_here_{os.getpid()}_{next(_module_counter)}"
+    (tmp_path / f"{name}.py").write_text("from torch import nn\n\ndef build():\n    return nn.Sequential(nn.Linear(4, 3))\n")
+    request.addfinalizer(lambda: sys.modules.pop(name, None))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path), ".")])
+    before = list(sys.path)
+    assert group_of(dump_json(capsys, "--model", f"{name}:build")) == {"0.weight": 0, "0.bias": 1}
+    assert sys.path == before
