@@ -642,7 +642,7 @@ def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     line = run_error(capsys, "dump-param-groups", "--model", "gtp")
     assert re.fullmatch(
         r"optzoo: error: `--model`: unknown model; got 'gtp'; expected one of \['gpt', .*\] "
-        r"or package\.module:callable",
+        r"or package\.module:callable; did you mean 'gpt'\?",  # issue 25: the close match
         line,
     )
 
