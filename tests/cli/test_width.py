@@ -189,3 +189,15 @@ def test_tmux_80_columns(tmp_path: Path) -> None:
         subprocess.run([*tmux, "kill-server"], timeout=60)
     assert "group  optimizer" in captured and "lint finding" in captured
     assert [line for line in captured.splitlines() if len(line.rstrip()) > WIDTH] == []
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_early_gets_no_error() -> None:
+    """``optzoo list | head`` (here ``| true``, which leaves before the first line): no
+    ``optzoo: error: [Errno 32] Broken pipe`` and status 0, as ``cat`` behaves."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run(
+        f"{sys.executable} -m optzoo.cli list | true; exit ${{PIPESTATUS[0]}}",
+        shell=True, executable="/bin/bash", capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, "")
