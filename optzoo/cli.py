@@ -60,7 +60,21 @@ class _Parser(argparse.ArgumentParser):
         # One line, no usage block: the brief asks for a single clear line and status 2.
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         hint = did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2))) if choice else ""
+        unknown = re.search(r"unrecognized arguments: (--?[\w-]+)", message)
+        if unknown:  # a misspelt flag: the close one among every command's flags
+            hint = did_you_mean(unknown.group(1), _option_strings(self))
         self.exit(2, _for_stderr(f"optzoo: error: {message}{hint} (see `{self.prog} --help`)") + "\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """The flags of ``parser`` and of its commands' parsers."""
+    found: list[str] = []
+    for action in parser._actions:  # argparse keeps them here; there is no public accessor
+        found += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _option_strings(sub)
+    return sorted(set(found))
 
 
 def _for_stderr(line: str) -> str:

@@ -1202,6 +1202,8 @@ def test_recipes_lists_each_shipped_file_with_its_first_comment_line(capsys: pyt
     [
         (["lst"], "did you mean 'list'?"),
         (["recipe"], "did you mean 'recipes'?"),
+        (["dump-param-groups", "--model", "gpt", "--explian"], "did you mean '--explain'?"),
+        (["list", "--feilds"], "did you mean '--fields'?"),
         (["dump-param-groups", "--model", "gtp"], "did you mean 'gpt'?"),
         (["dump-param-groups", "--model", "gpt", "--config", "muon-lm"], "did you mean 'muon-llm'?"),
         (["dump-param-groups", "--model", "hf:LlamaConfg"], "did you mean 'LlamaConfig'?"),
