@@ -19,7 +19,7 @@ from typing import Any, Literal, TypedDict
 import torch
 from torch.distributed.tensor import DTensor
 
-from .._common import SCALAR_ROLES, MatrixView, fused_supported
+from .._common import SCALAR_ROLES, MatrixView, did_you_mean, fused_supported
 from . import _emerging
 from .adaptive_muon import AdaptiveMuon
 from .muon import Muon
@@ -152,6 +152,7 @@ def get_spec(name: str) -> OptimizerSpec:
     except KeyError:
         raise ValueError(
             f"`optimizer`: unknown optimizer; got {name!r}; expected one of {registered_names()}"
+            f"{did_you_mean(name, registered_names())}"
         ) from None
 
 

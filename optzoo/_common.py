@@ -7,6 +7,7 @@ so ``optzoo.routing``, ``optzoo.optimizers`` and the core may all use it (``test
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import heapq
 import math
 import os
@@ -32,6 +33,7 @@ __all__ = [
     "check_flag",
     "dense_layout",
     "describe_param",
+    "did_you_mean",
     "fused_supported",
     "has_fused_kernel",
     "invalid",
@@ -195,7 +197,33 @@ def check_choice(subject: str, value: object, allowed: Iterable[str]) -> None:
     """
     allowed = list(allowed)
     if value not in allowed:
-        raise ValueError(f"{subject}: unknown value; got {value!r}; expected one of {allowed}")
+        raise ValueError(f"{subject}: unknown value; got {value!r}; expected one of {allowed}{did_you_mean(value, allowed)}")
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``"; did you mean 'muon'?"`` for the closest of ``choices`` to a misspelt ``word``, else ``""``.
+
+    Appended to an "unknown ..." message, after its ``expected`` part. Equally close choices are
+    all named; a word only differing in case gets its spelling.
+
+    Example:
+        >>> did_you_mean("muom", ["adam", "muon", "lion"]), did_you_mean("zzz", ["adam"])
+        ("; did you mean 'muon'?", '')
+        >>> did_you_mean("exclude", ["name", "exclude_name", "exclude_attr"])
+        "; did you mean 'exclude_name' or 'exclude_attr'?"
+    """
+    if not isinstance(word, str):
+        return ""
+    choices = [c for c in choices if isinstance(c, str)]
+    lowered = {c.lower(): c for c in choices}
+    if word.lower() in lowered and lowered[word.lower()] != word:  # only the case differs
+        return f"; did you mean {lowered[word.lower()]!r}?"
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=4, cutoff=0.6)
+    if not close:
+        return ""
+    ratio = {c: difflib.SequenceMatcher(None, word.lower(), c).ratio() for c in close}
+    best = [repr(lowered[c]) for c in close if ratio[c] == ratio[close[0]]]  # a tie: name them all
+    return f"; did you mean {best[0] if len(best) == 1 else ', '.join(best[:-1]) + ' or ' + best[-1]}?"
 
 
 def check_flag(subject: str, value: object) -> None:

@@ -1,9 +1,17 @@
-"""The ``optzoo`` command line: ``list``, ``dump-param-groups``, ``lint`` and ``demo``."""
+"""The ``optzoo`` command line: ``list``, ``recipes``, ``dump-param-groups``, ``lint`` and ``demo``.
+
+Text output fits the width :func:`optzoo.reporting.output_width` gives (``COLUMNS``, else the
+terminal's, else 80 when piped): tables move long cells under their row or wrap them, and long
+lines wrap with indented continuations. JSON output is never wrapped.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
+import os
+import re
 import sys
 import tomllib
 import warnings
@@ -12,9 +20,9 @@ from typing import NoReturn
 
 from tabulate import tabulate
 
-from optzoo._common import show_value
+from optzoo._common import did_you_mean, show_value
 from optzoo.config import OptimizerConfig
-from optzoo.config_file import load_config_file
+from optzoo.config_file import load_config_file, shipped_recipes
 from optzoo.distributed.plan import Mode, plan_shards
 from optzoo.distributed.setup import is_expert
 from optzoo.groups import ResolvedGroup, resolve_group_configs
@@ -26,13 +34,17 @@ from optzoo.reporting import (
     OPTIMIZER_HEADERS,
     RANK_HEADERS,
     explain_rows,
+    fit_table,
     format_gflop,
     group_rows,
     optimizer_rows,
+    output_width,
     owner_shards,
     owner_text,
     param_group_map,
     rank_rows,
+    widest_line,
+    wrap_lines,
 )
 from optzoo.routing import Routing, named_trainable_parameters
 from optzoo.wrapper.param_map import check_param_dtypes
@@ -46,7 +58,55 @@ DEFAULT_LR = 1e-3
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage block: the brief asks for a single clear line and status 2.
-        self.exit(2, f"optzoo: error: {message} (see `{self.prog} --help`)\n")
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        hint = did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2))) if choice else ""
+        unknown = re.search(r"unrecognized arguments: (--?[\w-]+)", message)
+        if unknown:  # a misspelt flag: the close one among every command's flags
+            hint = did_you_mean(unknown.group(1), _option_strings(self))
+        self.exit(2, _for_stderr(f"optzoo: error: {message}{hint} (see `{self.prog} --help`)") + "\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """The flags of ``parser`` and of its commands' parsers."""
+    found: list[str] = []
+    for action in parser._actions:  # argparse keeps them here; there is no public accessor
+        found += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _option_strings(sub)
+    return sorted(set(found))
+
+
+def _for_stderr(line: str) -> str:
+    """A message line for stderr: wrapped to the terminal when stderr is one, else one line for
+    scripts (``optzoo: error: ...`` stays greppable in logs and pipes)."""
+    try:
+        if sys.stderr.isatty():
+            return wrap_lines(line, output_width())
+    except (ValueError, AttributeError):  # a closed or replaced stderr
+        pass
+    return line
+
+
+def _warn(message: object) -> None:
+    print(_for_stderr(f"optzoo: warning: {message}"), file=sys.stderr)
+
+
+def _version() -> str:
+    """``optzoo X (torch Y, emerging-optimizers Z, Python W)``: what a bug report needs."""
+    import torch
+
+    def installed(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return (
+        f"optzoo {installed('optzoo')} (torch {torch.__version__}, "
+        f"emerging-optimizers {installed('emerging-optimizers')}, Python {python})"
+    )
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -54,17 +114,31 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(rows, indent=2))
         return 0
-    # Fits a 100-column terminal; --fields adds the config fields, one per line (120 columns).
+    # --fields adds the config fields, one per line; the description wraps first, then the rest.
+    width = output_width()
     if args.fields:
         table = [
             (r["name"], r["source"], r["shapes"], "\n".join(f"{k}={v}" for k, v in r["fields"].items()), r["description"])
             for r in rows
         ]
-        print(tabulate(table, headers=OPTIMIZER_HEADERS, tablefmt="simple_grid", maxcolwidths=[13, 19, 16, 36, 20]))
+        text = fit_table(table, OPTIMIZER_HEADERS, width, wrap=[4, 3, 2, 1, 0], tablefmt="simple_grid", cut_words=False)
+        if widest_line(text) > width:  # five columns cannot share a narrow terminal: two go under each row
+            table = [(*row[:3], row[3].replace("\n", ", "), row[4]) for row in table]
+            text = fit_table(table, OPTIMIZER_HEADERS, width, wrap=[2, 1, 0], details=[4, 3])
+        print(text)
     else:
         narrow = [(r["name"], r["source"], r["shapes"], r["description"]) for r in rows]
         headers = [h for h in OPTIMIZER_HEADERS if h != "config fields (defaults)"]
-        print(tabulate(narrow, headers=headers, tablefmt="simple_grid", maxcolwidths=[13, 19, 20, 34]))
+        print(fit_table(narrow, headers, width, wrap=[3, 2, 1, 0], tablefmt="simple_grid"))
+    return 0
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    recipes = shipped_recipes()
+    if args.format == "json":
+        print(json.dumps([{"name": name, "description": text} for name, text in recipes.items()], indent=2))
+        return 0
+    print(fit_table(list(recipes.items()), ["recipe", "description"], output_width(), wrap=[1]))
     return 0
 
 
@@ -79,8 +153,8 @@ def _distributed_mode(args: argparse.Namespace, config: OptimizerConfig) -> Mode
         return from_config or "layer_wise"
     if from_config is not None and from_config != args.distributed_mode:
         flag = "use_layer_wise_distributed_optimizer" if from_config == "layer_wise" else "use_distributed_optimizer"
-        print(f"optzoo: warning: `--distributed-mode {args.distributed_mode}` overrides the config's {flag}=True; "
-              f"showing the {args.distributed_mode} plan", file=sys.stderr)  # fmt: skip
+        _warn(f"`--distributed-mode {args.distributed_mode}` overrides the config's {flag}=True; "
+              f"showing the {args.distributed_mode} plan")  # fmt: skip
     mode: Mode = args.distributed_mode
     return mode
 
@@ -106,7 +180,7 @@ def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGr
             config, chunks, overrides, strict=args.strict, example_inputs=example, trace=not args.no_trace
         )
     for warning in caught:
-        print(f"optzoo: warning: {warning.message}", file=sys.stderr)
+        _warn(warning.message)
     check_param_dtypes(config, groups)  # what get_optimizer would refuse, refused here too
     return config, groups, routing
 
@@ -122,7 +196,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         print(json.dumps(findings_as_json(findings), indent=2))
     else:
         for finding in findings:
-            print(f"lint: {finding.kind}: {finding.message}")
+            print(wrap_lines(f"lint: {finding.kind}: {finding.message}", output_width()))
         print(f"{len(findings)} finding{'' if len(findings) == 1 else 's'}")
     return _lint_status(findings, args)
 
@@ -179,7 +253,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
             document["lint"] = findings_as_json(findings)
         print(json.dumps(document, indent=2))
         return _lint_status(findings, args)
-    print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
+    width = output_width()
+    overrides = GROUP_HEADERS.index("other overrides")
+    print(fit_table(group_rows(groups), GROUP_HEADERS, width, details=[overrides]))
     if args.explain or plan is not None:
         rows, headers = explain_rows(groups, routing), EXPLAIN_HEADERS
         if not args.explain:
@@ -187,8 +263,11 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         if plan is not None:
             label = "owner (experts: expert-DP rank)" if expert_plan is not None else "owner"
             rows, headers = [[*row, owner_text(owners[row[0]])] for row in rows], [*headers, label]
+        # Too wide: rules, roles and matrices go under their row; owners, then names, wrap.
+        details = [headers.index(h) for h in ("matched rules", "role", "matrices") if h in headers]
+        wrap = [len(headers) - 1, 0] if plan is not None else [0]
         print()
-        print(tabulate(rows, headers=headers, tablefmt="simple"))
+        print(fit_table(rows, headers, width, wrap=wrap, details=details))
     for one_plan, what in ((plan, " (non-expert params)" if expert_plan else ""), (expert_plan, " (expert params)")):
         if one_plan is None:
             continue
@@ -200,7 +279,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     if args.lint:
         print()
         for finding in findings:
-            print(f"lint: {finding.kind}: {finding.message}")
+            print(wrap_lines(f"lint: {finding.kind}: {finding.message}", width))
         print(f"{len(findings)} lint finding{'' if len(findings) == 1 else 's'}")
     return _lint_status(findings, args)
 
@@ -233,12 +312,17 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="optzoo", description="A zoo of PyTorch optimizers with parameter-group routing.")
+    parser.add_argument("--version", action="version", version=_version(), help="show optzoo's version (and torch's) and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     listing = commands.add_parser("list", help="the registered optimizers and the config fields they read")
     listing.add_argument("--format", choices=["table", "json"], default="table")
     listing.add_argument("--fields", action="store_true", help="also show the config fields each optimizer reads, with defaults")
     listing.set_defaults(run=_cmd_list)
+
+    recipes = commands.add_parser("recipes", help="the recipes shipped with optzoo, for --config NAME")
+    recipes.add_argument("--format", choices=["table", "json"], default="table")
+    recipes.set_defaults(run=_cmd_recipes)
 
     dump = commands.add_parser("dump-param-groups", help="show how a model's parameters are grouped")
     _model_arguments(dump)
@@ -337,11 +421,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.run(args)
         return status
+    except BrokenPipeError:  # `optzoo list | head`: the reader left; no error message, as cat does
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # silence the flush at exit
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 0
     except (ValueError, TypeError, KeyError, ImportError, OSError, tomllib.TOMLDecodeError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if isinstance(error, ImportError) and not message.startswith("`"):
             message = f"`--model`: cannot import; got {message}"
-        print(f"optzoo: error: {message}", file=sys.stderr)
+        print(_for_stderr(f"optzoo: error: {message}"), file=sys.stderr)
         return 2
 
 

@@ -9,6 +9,7 @@ why, instead of being silently ignored (see ``docs/megatron.md``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import warnings
@@ -18,7 +19,7 @@ from typing import Any, Literal, cast, get_args
 
 import torch
 
-from optzoo._common import INTERNAL_FILES, finite_number, invalid, show_value
+from optzoo._common import INTERNAL_FILES, did_you_mean, finite_number, invalid, show_value
 from optzoo.optimizers.adaptive_muon import Moment2Method
 from optzoo.optimizers.muon import FsdpOrthogonalize, ScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision, NewtonSchulzWarning, schedule_problem
@@ -334,7 +335,7 @@ class OptimizerConfig:
     def _check_names(self) -> None:
         names = registered_names()
         if self.optimizer not in names:
-            raise _fail("optimizer", "unknown optimizer", self.optimizer, f"one of {names}")
+            raise _fail("optimizer", "unknown optimizer", self.optimizer, f"one of {names}{did_you_mean(self.optimizer, names)}")
         # A matrix optimizer's fallback must take every shape: the registry says which do.
         scalar = tuple(name for name in names if get_spec(name).scalar_fallback)
         for field, allowed in (
@@ -350,7 +351,7 @@ class OptimizerConfig:
             if field == "muon_coefficient_type" and value not in allowed:
                 validate_coefficient_type(value)
             if value not in allowed:
-                raise _fail(field, "unknown value", value, f"one of {list(allowed)}")
+                raise _fail(field, "unknown value", value, f"one of {list(allowed)}{did_you_mean(value, allowed)}")
 
     def _check_ranges(self) -> None:
         for field in (
@@ -494,6 +495,25 @@ class OptimizerConfig:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(base, f.name)
         }
+
+
+def _suggest_fields(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` refusing an unknown keyword as Python does, plus the close field name (``weight_decy``)."""
+    names = [f.name for f in dataclasses.fields(OptimizerConfig)]
+
+    @functools.wraps(init)
+    def checked(self: OptimizerConfig, *args: Any, **kwargs: Any) -> None:
+        for key in kwargs:
+            if key not in names:
+                raise TypeError(
+                    f"OptimizerConfig.__init__() got an unexpected keyword argument {key!r}{did_you_mean(key, names)}"
+                )
+        init(self, *args, **kwargs)
+
+    return checked
+
+
+setattr(OptimizerConfig, "__init__", _suggest_fields(OptimizerConfig.__init__))  # also reaches replace()
 
 
 FP32_NORMAL_MIN = float(torch.finfo(torch.float32).tiny)

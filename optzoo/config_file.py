@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import torch
 
+from optzoo._common import did_you_mean
 from optzoo.config import OptimizerConfig
 from optzoo.groups import OverrideValue, normalize_overrides
 from optzoo.routing import ParamKey, overrides_from_entries, overrides_to_entries
@@ -80,7 +81,7 @@ def config_from_mapping(values: Any) -> OptimizerConfig:
     valid = [f.name for f in dataclasses.fields(OptimizerConfig)]
     for field in values:
         if field not in valid:
-            raise ValueError(f"`config.{field}`: unknown OptimizerConfig field; got {field!r}; expected one of {valid}")
+            raise ValueError(f"`config.{field}`: unknown OptimizerConfig field; got {field!r}; expected one of {valid}{did_you_mean(field, valid)}")
     converted = {k: _dtype(k, v) if k in _DTYPE_FIELDS else v for k, v in values.items()}
     return OptimizerConfig(**converted)
 
@@ -408,7 +409,7 @@ def load_recipe(name: str) -> tuple[OptimizerConfig, dict[ParamKey, OverrideValu
     """
     shipped = shipped_recipes()
     if name not in shipped:
-        raise ValueError(f"`recipe`: unknown recipe; got {name!r}; expected one of {list(shipped)}")
+        raise ValueError(f"`recipe`: unknown recipe; got {name!r}; expected one of {list(shipped)}{did_you_mean(name, shipped)}")
     return parse_recipe(_recipe_dir().joinpath(f"{name}.toml").read_text(), where=f"recipe {name}")
 
 
@@ -433,7 +434,7 @@ def load_config_file(path: str | Path) -> tuple[OptimizerConfig, dict[ParamKey, 
         if not path.suffix and "/" not in name and "\\" not in name:
             raise FileNotFoundError(
                 f"`--config`: no such file or shipped recipe; got {name!r}; expected a .toml, .yaml or .py "
-                f"file, or one of {list(shipped_recipes())}"
+                f"file, or one of {list(shipped_recipes())}{did_you_mean(name, shipped_recipes())}"
             )
         raise FileNotFoundError(f"`--config`: no such file; got {name!r}; expected a .toml or .py file")
     if path.suffix == ".py":

@@ -14,14 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tabulate import tabulate
 from tqdm import tqdm
 
 from optzoo.config import OptimizerConfig
 from optzoo.factory import get_optimizer
 from optzoo.groups import get_standard_config_overrides, resolve_group_configs
 from optzoo.models import GPT, GPTConfig
-from optzoo.reporting import GROUP_HEADERS, group_rows
+from optzoo.reporting import GROUP_HEADERS, fit_table, group_rows, output_width
 from optzoo.routing import ParamKey
 
 __all__ = ["RUNS", "demo_routing", "muon_routing", "run_demo", "stdlib_bytes"]
@@ -96,8 +95,8 @@ def _train(
         times.append(time.perf_counter() - started)
     with torch.no_grad():
         valid_loss = sum(model.loss(batch(valid)).item() for _ in range(4)) / 4
-    # The first step holds one-off work (emerging-optimizers' torch.compile: ~19 s for Lion), so it
-    # is reported apart from the steady state.
+    # The first step holds one-off work (state allocation; on a GPU, emerging-optimizers' compile of
+    # Lion's update), so it is reported apart from the steady state.
     steady = times[1:] or times
     return losses, valid_loss, sum(steady) / len(steady) * 1000, times[0] * 1000
 
@@ -117,7 +116,7 @@ def run_demo(*, steps: int = 120, batch_size: int = 16, seq_len: int = 128, seed
         config, routing = RUNS[name]
         groups, _ = resolve_group_configs(config, model, routing(config))
         print(f"\nparameter groups, {name}:")
-        print(tabulate(group_rows(groups), headers=GROUP_HEADERS, tablefmt="simple"))
+        print(fit_table(group_rows(groups), GROUP_HEADERS, output_width(), details=[GROUP_HEADERS.index("other overrides")]))
 
     results = {name: _train(name, steps, seed, seq_len, batch_size, train, valid) for name in RUNS}
     span = max(1, steps // 6)
@@ -127,9 +126,9 @@ def run_demo(*, steps: int = 120, batch_size: int = 16, seq_len: int = 128, seed
     ]
     rows.append(["validation", *(r[1] for r in results.values())])
     rows.append(["ms/step (after the first)", *(r[2] for r in results.values())])
-    rows.append(["first step ms (with compile)", *(r[3] for r in results.values())])
+    rows.append(["first step ms", *(r[3] for r in results.values())])
     print(f"\nmean train loss per step range (nats/byte; uniform over bytes: {torch.log(torch.tensor(256.0)).item():.3f})")
-    print(tabulate(rows, headers=["steps", *results], floatfmt=".3f"))
+    print(fit_table(rows, ["steps", *results], output_width(), wrap=[0], floatfmt=".3f"))
     return {name: r[0] for name, r in results.items()}
 
 

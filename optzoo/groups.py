@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from optzoo._common import MatrixView, finite_number, jsonable, show_value
+from optzoo._common import MatrixView, did_you_mean, finite_number, jsonable, show_value
 from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
 from optzoo.optimizers.registry import OptimizerSpec, Placement, get_spec
 from optzoo.routing import ExampleInputs, ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
@@ -91,7 +91,7 @@ def normalize_overrides(
                 )
                 raise ValueError(
                     f"`{subject}`: {problem}; got {field!r}; "
-                    f"expected one of {list(ALLOWED_OVERRIDE_KEYS)}"
+                    f"expected one of {list(ALLOWED_OVERRIDE_KEYS)}{'' if model_wide else did_you_mean(field, ALLOWED_OVERRIDE_KEYS)}"
                 )
         normalized[key] = fields
     return normalized

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +27,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from optzoo._common import did_you_mean
+
 __all__ = [
+    "AUTO_CLASSES",
     "TINY_SHAPE",
     "build_hf_model",
     "load_hf_config",
@@ -56,6 +60,35 @@ heads exercise grouped-query attention; 2 layers show the per-layer pattern; mix
 configs (Qwen2/3-MoE, Mixtral, GPT-OSS, DeepSeek) get 4 experts of 32 (2 per token)."""
 
 _SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+AUTO_CLASSES: tuple[str, ...] = (
+    "AutoModelForCausalLM",
+    "AutoModelForSeq2SeqLM",
+    "AutoModelForMaskedLM",
+    "AutoModelForImageClassification",
+    "AutoModel",
+)
+"""The ``transformers`` Auto classes a config is built with, in this order: the first whose
+mapping (``MODEL_FOR_CAUSAL_LM_MAPPING``, ...) has the config class (a head, as training uses),
+else the bare model; an encoder with both a causal and a masked LM (BERT: ``is_decoder=False``)
+gets the masked LM, as its causal head warns without ``is_decoder``. ``hf:SPEC:AutoModelForX``
+picks one."""
+
+
+def _is_path(spec: str) -> bool:
+    """A path, not a class name: it holds a path separator, ends in ``.json``, or exists."""
+    separators = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    return any(sep in spec for sep in separators) or spec.endswith(".json") or os.path.exists(spec)
+
+
+def _split_auto(spec: str) -> tuple[str, str | None]:
+    """``("T5Config", "AutoModelForSeq2SeqLM")`` from ``"T5Config:AutoModelForSeq2SeqLM"``; no
+    Auto class named: ``(spec, None)``. A path may hold ``:`` (``C:\\``): only a trailing
+    ``:Auto...`` name is split off."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and head and tail.isidentifier() and tail.startswith("Auto"):
+        return head, tail
+    return spec, None
 
 
 def _transformers() -> ModuleType:
@@ -234,8 +267,9 @@ def load_hf_config(spec: str) -> Any:
         spec: A config class exported by ``transformers`` (``"LlamaConfig"``, ``"GPT2Config"``),
             or a model class (``"BertForQuestionAnswering"``: its ``config_class``), built with
             :data:`TINY_SHAPE` where the class has those fields (its sub-configs too: a vision
-            tower, a text model); or a path to a ``config.json`` file, or to a folder holding one,
-            used as is. A path contains ``/`` or ends in ``.json``.
+            tower, a text model); or a path to a ``config.json`` file, or to a folder holding one
+            (as ``save_pretrained`` writes it), used as is. A path contains a path separator,
+            ends in ``.json`` or exists; anything else is a class name.
 
     Returns:
         A ``transformers.PreTrainedConfig``. Nothing is downloaded: a path is read with
@@ -249,7 +283,7 @@ def load_hf_config(spec: str) -> Any:
     """
     transformers = _transformers()
     base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
-    if "/" in spec or spec.endswith(".json"):
+    if _is_path(spec):
         path = Path(spec)
         if path.is_dir():
             path = path / "config.json"
@@ -278,28 +312,68 @@ def load_hf_config(spec: str) -> Any:
         getattr(transformers, spec, None) if spec.isidentifier() else None
     )  # fmt: skip
     if not (isinstance(config_class, type) and issubclass(config_class, base)):
+        names = [n for n in dir(transformers) if n.endswith("Config") or "For" in n] if spec.isidentifier() else []
         raise ValueError(
             f"`hf:{spec}`: not a transformers config or model class; got {spec!r}; expected a class name such as "
-            "LlamaConfig, GPT2Config or BertForQuestionAnswering, or a path to a config.json"
+            f"LlamaConfig, GPT2Config or BertForQuestionAnswering, or a path to a config.json{did_you_mean(spec, names)}"
         )
     return next(_tiny_configs(config_class, base, spec))
 
 
-def _causal_lm(spec: str, config: Any) -> nn.Module:
-    try:
-        model: nn.Module = _transformers().AutoModelForCausalLM.from_config(config)
-    except ValueError as error:
-        if "Unrecognized configuration class" not in str(error):
-            raise  # a bad value in the config itself: transformers' message says which
+def _auto_class(spec: str, config_class: type, requested: str | None) -> Any:
+    """The Auto class that builds ``config_class``: ``requested``, else the first of
+    :data:`AUTO_CLASSES` whose mapping has it.
+
+    Raises:
+        ValueError: ``requested`` is not an Auto model class of ``transformers``, or has no model
+            for the config (the message lists those that do); no Auto class has one.
+    """
+    transformers = _transformers()
+
+    def builds(name: str) -> bool:
+        mapping = getattr(getattr(transformers, name, None), "_model_mapping", None)
+        try:
+            return mapping is not None and config_class in mapping
+        except Exception:  # a mapping entry whose module cannot import: not this one
+            return False
+
+    fitting = [name for name in AUTO_CLASSES if builds(name)]
+    if requested is None:
+        if not fitting:
+            raise ValueError(
+                f"`hf:{spec}`: no Auto class has a model for this config; got {config_class.__name__}; expected a "
+                f"config one of {list(AUTO_CLASSES)} builds, or a model class such as BertForQuestionAnswering"
+            )
+        if {"AutoModelForCausalLM", "AutoModelForMaskedLM"} <= set(fitting) and not _default_is_decoder(config_class):
+            return transformers.AutoModelForMaskedLM  # BERT-like: its causal head wants is_decoder=True
+        return getattr(transformers, fitting[0])
+    if getattr(getattr(transformers, requested, None), "_model_mapping", None) is None:
+        autos = [n for n in dir(transformers) if n.startswith("AutoModel")]
         raise ValueError(
-            f"`hf:{spec}`: AutoModelForCausalLM has no model for this config; got {type(config).__name__}; "
-            "expected a decoder config such as LlamaConfig or GPT2Config, or a model class such as "
-            "BertForQuestionAnswering"
-        ) from error
+            f"`hf:{spec}`: not an Auto model class of transformers; got {requested!r}; expected one of "
+            f"{list(AUTO_CLASSES)} or another AutoModel... class{did_you_mean(requested, autos)}"
+        )
+    if not builds(requested):
+        raise ValueError(
+            f"`hf:{spec}`: {requested} has no model for this config; got {config_class.__name__}; "
+            f"expected one of the Auto classes that have one: {fitting}"
+        )
+    return getattr(transformers, requested)
+
+
+def _default_is_decoder(config_class: type) -> bool:
+    try:
+        return bool(getattr(config_class(), "is_decoder", False))
+    except Exception:  # a class that refuses its defaults: _tiny_configs names the problem
+        return False
+
+
+def _from_auto(auto: Any, config: Any) -> nn.Module:
+    model: nn.Module = auto.from_config(config)
     return model
 
 
-def _first_config_that_runs(spec: str, model_class: Any, configs: Iterator[Any]) -> Any:
+def _first_config_that_runs(spec: str, model_class: Any, auto: Any, configs: Iterator[Any]) -> Any:
     """The first of ``configs`` whose model builds and runs a forward (on the meta device, so it
     costs no memory); else the first that builds. Tiny sizes can break a model's own assumptions
     (ConvNeXt's four stage widths for two stages): the next, less tiny config is tried."""
@@ -309,10 +383,8 @@ def _first_config_that_runs(spec: str, model_class: Any, configs: Iterator[Any])
     for config in configs:
         try:
             with torch.device("meta"):
-                candidate = model_class(config) if model_class is not None else _causal_lm(spec, config)
+                candidate = model_class(config) if model_class is not None else _from_auto(auto, config)
         except Exception as failure:  # sizes this model refuses: the next, gentler tier
-            if isinstance(failure, ValueError) and str(failure).startswith(f"`hf:{spec}`"):
-                raise  # no causal LM for this config, whatever its sizes
             error = failure
             continue
         first = first if first is not None else config
@@ -343,7 +415,7 @@ def _model_class(spec: str, transformers: ModuleType) -> Any:
 
 
 def build_hf_model(spec: str) -> nn.Module:
-    """A randomly initialised model: the class ``spec`` names, or a causal LM for a config.
+    """A randomly initialised model: the class ``spec`` names, or an Auto class's model for a config.
 
     Builds on the current default device, so ``with torch.device("meta"):`` gives shapes without
     memory (what ``optzoo dump-param-groups --model hf:LlamaConfig`` does). Seed torch first
@@ -351,9 +423,13 @@ def build_hf_model(spec: str) -> nn.Module:
 
     Args:
         spec: A model class (``"BertForQuestionAnswering"``, ``"ViTForImageClassification"``),
-            built from its tiny config; or a config class or ``config.json`` (see
-            :func:`load_hf_config`, without the ``hf:`` prefix of ``--model``), built as
-            ``AutoModelForCausalLM.from_config``.
+            built from its tiny config; or a config class, a ``config.json`` or a folder holding
+            one (see :func:`load_hf_config`, without the ``hf:`` prefix of ``--model``), built
+            with the first of :data:`AUTO_CLASSES` that has a model for it (a causal LM for
+            ``LlamaConfig``, a seq2seq LM for ``T5Config``, an image classifier for
+            ``ViTConfig``); a config.json that names its class (``architectures``, as
+            ``save_pretrained`` writes it) builds that class. ``SPEC:AutoModelForMaskedLM`` (any
+            ``AutoModel...`` class) picks the Auto class. Only the config is read: no weights.
 
     Returns:
         The model, untouched: optzoo reads its roles from it.
@@ -361,7 +437,7 @@ def build_hf_model(spec: str) -> nn.Module:
     Raises:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError, ValueError: See :func:`load_hf_config`; ``ValueError`` also when
-            ``transformers`` has no causal LM for the config.
+            the Auto class named has no model for the config, or none of :data:`AUTO_CLASSES` has.
 
     Example:
         >>> model = build_hf_model("LlamaConfig")
@@ -371,14 +447,25 @@ def build_hf_model(spec: str) -> nn.Module:
         'Linear'
     """
     transformers = _transformers()
-    model_class = _model_class(spec, transformers)
-    if model_class is None and ("/" in spec or spec.endswith(".json")):
-        model = _causal_lm(spec, load_hf_config(spec))
+    name, requested = _split_auto(spec)
+    model_class = None if _is_path(name) else _model_class(name, transformers)
+    if model_class is not None and requested is not None:
+        raise ValueError(
+            f"`hf:{spec}`: names a model class and an Auto class; got {name} and {requested}; expected one: "
+            f"hf:{name}, or hf:{model_class.config_class.__name__}:{requested}"
+        )
+    if model_class is None and _is_path(name):
+        config = load_hf_config(name)
+        # save_pretrained records the model class: build that one, unless an Auto class is named.
+        saved = (getattr(config, "architectures", None) or [None])[0] if requested is None else None
+        saved_class = _model_class(saved, transformers) if isinstance(saved, str) else None
+        model = saved_class(config) if saved_class is not None else _from_auto(_auto_class(spec, type(config), requested), config)
     else:
         base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
-        config_class = model_class.config_class if model_class is not None else load_hf_config(spec).__class__
-        config = _first_config_that_runs(spec, model_class, _tiny_configs(config_class, base, spec))
-        model = model_class(config) if model_class is not None else _causal_lm(spec, config)
+        config_class = model_class.config_class if model_class is not None else load_hf_config(name).__class__
+        auto = None if model_class is not None else _auto_class(spec, config_class, requested)
+        config = _first_config_that_runs(spec, model_class, auto, _tiny_configs(config_class, base, name))
+        model = model_class(config) if model_class is not None else _from_auto(auto, config)
     if not isinstance(model, nn.Module):  # pragma: no cover - transformers always returns modules
         raise TypeError(f"`hf:{spec}`: the model class returned {type(model).__name__}; expected a torch.nn.Module")
     return model

@@ -9,13 +9,18 @@ routing recipes written for Megatron apply unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from optzoo._common import did_you_mean
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -166,8 +171,11 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
     """Build a built-in model by name, a Hugging Face model (``hf:...``), or call ``package.module:callable``.
 
     The model is built under ``device`` (``meta`` by default: shapes without memory).
-    ``hf:LlamaConfig`` (a ``transformers`` config class, tiny sizes) or ``hf:path/to/config.json``
-    builds a randomly initialised, tagged causal LM with :func:`optzoo.hf.build_hf_model`.
+    ``hf:LlamaConfig`` (a ``transformers`` config class, tiny sizes), ``hf:path/to/config.json``
+    or ``hf:path/to/folder`` (as ``save_pretrained`` writes it; ``:AutoModelForX`` after any of
+    them picks the Auto class) builds a randomly initialised model with
+    :func:`optzoo.hf.build_hf_model`. ``package.module`` is imported with the current directory
+    first on ``sys.path``, as ``python -m`` has it, so a ``models.py`` beside you is found.
 
     Raises:
         ValueError: Unknown built-in name or a malformed spec.
@@ -180,6 +188,27 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
 
         with torch.device(device):
             return build_hf_model(spec.removeprefix("hf:"))
+    with _current_directory_importable():
+        return _build(spec, device)
+
+
+@contextlib.contextmanager
+def _current_directory_importable() -> Iterator[None]:
+    """The current directory first on ``sys.path`` while a ``--model`` module is imported and
+    called (``python -m`` puts it there; the ``optzoo`` script has its own folder instead)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _build(spec: str, device: str | torch.device) -> nn.Module | list[nn.Module]:
     if spec in BUILTIN_MODELS:
         factory = BUILTIN_MODELS[spec]
     elif ":" in spec:
@@ -205,7 +234,7 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
     else:
         raise ValueError(
             f"`--model`: unknown model; got {spec!r}; expected one of {sorted(BUILTIN_MODELS)} "
-            "or package.module:callable"
+            f"or package.module:callable{did_you_mean(spec, BUILTIN_MODELS)}"
         )
     if not callable(factory):
         raise TypeError(

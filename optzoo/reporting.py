@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
+import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tabulate import tabulate
 
 from optzoo._common import MatrixView, jsonable
 from optzoo.config import OptimizerConfig
@@ -25,14 +30,19 @@ __all__ = [
     "GROUP_HEADERS",
     "OPTIMIZER_HEADERS",
     "RANK_HEADERS",
+    "DEFAULT_WIDTH",
     "explain_rows",
+    "fit_table",
     "format_gflop",
     "group_rows",
     "optimizer_rows",
     "owner_shards",
+    "output_width",
     "owner_text",
     "param_group_map",
     "rank_rows",
+    "widest_line",
+    "wrap_lines",
 ]
 
 GROUP_HEADERS = ["group", "optimizer", "lr", "weight_decay", "other overrides", "params", "elements"]
@@ -178,3 +188,169 @@ def format_gflop(flops: float) -> str:
     """
     gflop = flops / 1e9
     return f"{gflop:.{max(0, 3 - math.floor(math.log10(gflop)))}f}" if gflop > 0 else "0"
+
+
+DEFAULT_WIDTH = 80
+"""Columns of output that goes to a pipe or file when ``COLUMNS`` is not set."""
+
+DETAIL_INDENT = "    "
+"""Indent of a cell moved out of a table onto its own line under the row (``fit_table``)."""
+
+
+def output_width() -> int:
+    """The columns the CLI's text must fit: ``COLUMNS`` when set to a positive integer (as
+    ``shutil.get_terminal_size`` reads it), else the width of the terminal stdout is, else
+    :data:`DEFAULT_WIDTH` (a pipe or a file)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if sys.stdout.isatty():
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):  # a closed or replaced stdout
+        pass
+    return DEFAULT_WIDTH
+
+
+def wrap_lines(text: str, width: int, indent: str = DETAIL_INDENT) -> str:
+    """Each line of ``text`` wrapped at spaces to ``width`` columns, its continuations indented.
+
+    Example:
+        >>> print(wrap_lines("lint: kind: a message that is long", 16))
+        lint: kind: a
+            message that
+            is long
+    """
+    return "\n".join(
+        textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False) if len(line) > width else line
+        for line in text.splitlines()
+    )
+
+
+_BREAK_AFTER = re.compile(r"(?<=[ .,;/-])")
+"""Where a cell may wrap: after a space or a hyphen, or after the dot of a dotted parameter name."""
+
+CONTINUATION = "  "
+"""Indent of a wrapped cell's later lines in a borderless table, so they do not read as new rows."""
+
+
+def _wrap_cell(text: str, width: int, indent: str = "") -> str:
+    """``text`` in lines of at most ``width``, broken after spaces, hyphens and dots (a longer piece
+    is cut); lines after the first of each paragraph start with ``indent``."""
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for piece in _BREAK_AFTER.split(paragraph):
+            if len(line) + len(piece.rstrip()) <= width:
+                line += piece
+                continue
+            if line.strip():
+                lines.append(line.rstrip())
+                line = indent
+            while len(line) + len(piece.rstrip()) > width:
+                cut = max(width - len(line), 1)
+                lines.append(line + piece[:cut])
+                line, piece = indent, piece[cut:]
+            line += piece
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def _longest_piece(text: str) -> int:
+    return max((len(piece.rstrip()) for piece in _BREAK_AFTER.split(text.replace("\n", " "))), default=0)
+
+
+def _widest(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def widest_line(text: str) -> int:
+    """The length of the longest line of ``text``."""
+    return _widest(text)
+
+
+def _cell_width(value: Any) -> int:
+    return max((len(line) for line in str(value).split("\n")), default=0)
+
+
+def fit_table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    width: int,
+    *,
+    wrap: Sequence[int] = (),
+    details: Sequence[int] = (),
+    tablefmt: str = "simple",
+    cut_words: bool = True,
+    **options: Any,
+) -> str:
+    """``tabulate(rows, headers)``, made to fit ``width`` columns only where it would not.
+
+    First the columns in ``details`` (indices, in that order) leave the table one by one, until it
+    fits: their values go on lines of their own under the row, ``header: value``, indented and
+    wrapped (``-`` and empty values are left out). Then the columns in ``wrap`` wrap inside their
+    cells: each in turn (``wrap`` lists what gives way first) down to its longest word, then, if
+    that is not enough, each in turn further, cutting words. Cells wrap at spaces, hyphens and the
+    dots of parameter names; in the borderless format a cell's later lines are indented, so they
+    do not read as new rows; ``cut_words=False`` stops before cutting words (the table may then not
+    fit: the caller picks another layout). A table that fits is
+    returned as ``tabulate`` prints it. ``details`` needs ``tablefmt="simple"``.
+
+    Example:
+        >>> print(fit_table([["decoder.layers.0.weight", 0, "a long explanation"]],
+        ...                 ["parameter", "group", "why"], 30, wrap=[0], details=[2]))
+        parameter            group
+        -----------------  -------
+        decoder.layers.0.        0
+          weight
+            why: a long explanation
+    """
+    if details and tablefmt != "simple":
+        raise ValueError(f"`tablefmt`: details need the 'simple' format; got {tablefmt!r}; expected 'simple'")
+    table = [list(row) for row in rows]
+    text: str = tabulate(table, headers=list(headers), tablefmt=tablefmt, **options)
+    if _widest(text) <= width:
+        return text
+    keep = list(range(len(headers)))
+    moved: list[int] = []
+    for column in details:
+        moved.append(column)
+        keep.remove(column)
+        text = tabulate([[row[c] for c in keep] for row in table], headers=[headers[c] for c in keep], tablefmt=tablefmt, **options)
+        if _widest(text) <= width:
+            break
+    wrapping = [keep.index(c) for c in wrap if c in keep]
+    kept_headers = [headers[c] for c in keep]
+    cells = [[row[c] for c in keep] for row in table]
+    indent = CONTINUATION if tablefmt == "simple" else ""
+    widths = {c: max([_cell_width(row[c]) for row in cells], default=0) for c in wrapping}
+    whole_words = {c: max([len(kept_headers[c]), *(_longest_piece(str(row[c])) + len(indent) for row in cells)]) for c in wrapping}
+    cut = {c: max(len(kept_headers[c]), 8) for c in wrapping}
+    for floors in (whole_words, cut) if cut_words else (whole_words,):
+        for _ in range(3):  # the estimate of what a column saves is exact but for header padding
+            overflow = _widest(text) - width
+            if overflow <= 0:
+                break
+            for c in wrapping:
+                give = max(0, min(overflow, widths[c] - floors[c]))
+                widths[c] -= give
+                overflow -= give
+            cells = [
+                [_wrap_cell(str(value), widths[c], indent) if c in widths and _cell_width(value) > widths[c] else value for c, value in enumerate(row)]
+                for row in ([row[c] for c in keep] for row in table)
+            ]
+            text = tabulate(cells, headers=kept_headers, tablefmt=tablefmt, **options)
+    if not moved:
+        return text
+    lines = text.splitlines()
+    head = max(len(h.split("\n")) for h in kept_headers) + 1
+    out, at = lines[:head], head
+    for row, full in zip(cells, table):
+        height = max(len(str(value).split("\n")) for value in row)
+        out.extend(lines[at : at + height])
+        at += height
+        for column in sorted(moved):
+            value = str(full[column])
+            if value not in ("", "-"):
+                out.append(wrap_lines(f"{DETAIL_INDENT}{headers[column]}: {value}", width, DETAIL_INDENT * 2))
+    return "\n".join(out)

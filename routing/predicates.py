@@ -19,6 +19,7 @@ from typing import Any, overload
 
 import torch
 
+from .._common import did_you_mean
 from .keys import ParamPredicate, ParamWithNamePredicate
 
 __all__ = [
@@ -202,7 +203,7 @@ def predicate_spec(name: str) -> PredicateSpec:
     except (KeyError, TypeError):
         raise ValueError(
             f"`predicate`: unknown predicate; got {name!r}; expected one of {registered_predicates()} "
-            "(register_predicate(name, fn) adds one)"
+            f"(register_predicate(name, fn) adds one){did_you_mean(name, registered_predicates())}"
         ) from None
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._common import did_you_mean
 from .keys import INCLUDE_FIELDS, ParamKey, ParamWithNamePredicate
 from .predicates import (
     Predicate,
@@ -159,7 +160,7 @@ def _key_from_fields(entry: Mapping[str, Any], where: str, prefix: str) -> dict[
             except ValueError:
                 raise ValueError(
                     f"`{where}.{prefix + field}`: unknown predicate; got {name!r}; expected one of "
-                    f"{registered_predicates()} (register_predicate(name, fn) adds one)"
+                    f"{registered_predicates()} (register_predicate(name, fn) adds one){did_you_mean(name, registered_predicates())}"
                 ) from None
             kind = "with_name_predicate" if isinstance(predicate, ParamWithNamePredicate) else "predicate"
             if field == "with_name_predicate" and kind == "predicate":
@@ -198,7 +199,7 @@ def key_from_entry(entry: Mapping[str, Any], where: str = "overrides[0]") -> Par
         raise ValueError(f"`{where}`: must be a table; got {entry!r}; expected keys {list(ENTRY_FIELDS)}")
     for field in entry:
         if field not in ENTRY_FIELDS:
-            raise ValueError(f"`{where}.{field}`: unknown key; got {field!r}; expected one of {list(ENTRY_FIELDS)}")
+            raise ValueError(f"`{where}.{field}`: unknown key; got {field!r}; expected one of {list(ENTRY_FIELDS)}{did_you_mean(field, ENTRY_FIELDS)}")
     include = _key_from_fields(entry, where, "")
     exclude = _key_from_fields(entry, where, "exclude_")
     if not include:

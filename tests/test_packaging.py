@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "optzoo", "routing", "optimizers")
 
 
-def _run(*argv: str | Path, cwd: Path) -> str:
+def _run(*argv: str | Path, cwd: Path, stderr: bool = False) -> str:
+    """stdout of ``argv`` (with ``stderr=True``, stdout then stderr); it must succeed."""
     done = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{argv} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return done.stdout + done.stderr if stderr else done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
         else:
             shutil.copy2(path, source / name)
     assert not (source / "optzoo" / "routing").exists()
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "--wheel-dir", work / "dist", source, cwd=work)
+    # Verbose, so the build backend's own output (setuptools' warnings) is kept in build.log.
+    log = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "--wheel-dir", work / "dist", source, cwd=work, stderr=True)
+    (work / "build.log").write_text(log)
     (wheel,) = (work / "dist").glob("optzoo-*.whl")
     _run(sys.executable, "-m", "venv", "--without-pip", work / "venv", cwd=work)
     python = work / "venv" / "bin" / "python"
@@ -77,6 +80,17 @@ def test_the_wheel_holds_one_top_level_package(installed: tuple[Path, Path, Path
 
 
 @pytest.mark.slow
+def test_the_build_prints_no_setuptools_warning(installed: tuple[Path, Path, Path]) -> None:
+    """Issue 25: the build printed a wall about `optzoo.recipes`, a folder Python can import but
+    `packages` did not list."""
+    wheel, _, _ = installed
+    log = (wheel.parent.parent / "build.log").read_text()
+    assert "Building wheel for optzoo" in log  # the backend's output is in the log
+    warnings = [line for line in log.splitlines() if re.search(r"Warning\b|would be ignored", line)]
+    assert warnings == []
+
+
+@pytest.mark.slow
 def test_the_readme_example_runs_from_the_installed_wheel(installed: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, python, site_packages = installed
     (example,) = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
@@ -94,6 +108,8 @@ def test_the_readme_example_runs_from_the_installed_wheel(installed: tuple[Path,
 def test_the_installed_command_line_runs(installed: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, python, _ = installed
     script = (
+        "import os\n"
+        "os.environ['COLUMNS'] = '200'  # one line per table row\n"
         "from importlib.metadata import entry_points\n"
         "(main,) = entry_points(group='console_scripts', name='optzoo')\n"
         "raise SystemExit(main.load()(['dump-param-groups', '--model', 'gpt', '--config', 'muon-llm']))\n"

@@ -58,6 +58,17 @@ def dump_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     return document
 
 
+@pytest.fixture
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal wide enough for every table row and message on one line."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
+def unwrap(text: str) -> str:
+    """``text`` with each wrapped line joined back: continuations start with four spaces."""
+    return re.sub(r"\n    ", " ", text)
+
+
 def assert_one_error_line(err: str) -> str:
     """The whole of stderr is one ``optzoo: error:`` line with no traceback; returns it."""
     lines = err.splitlines()
@@ -128,17 +139,23 @@ def write_file(tmp_path: Path, name: str, text: str) -> str:
 # ---- list ----------------------------------------------------------------------------------
 
 
-def test_list_fits_a_100_column_terminal_and_fields_come_on_demand(capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 15: `optzoo list` was 230 columns wide. Now 100 at most, 120 with --fields."""
+def test_list_fits_the_width_and_fields_come_on_demand(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: `optzoo list` was 230 columns wide; issue 25: it fits 80 columns piped, and the
+    terminal's width (COLUMNS) when wider, with or without --fields."""
+    out = run_ok(capsys, "list")
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "config fields (defaults)" not in out and "adam_beta1" not in out
+    monkeypatch.setenv("COLUMNS", "100")
     out = run_ok(capsys, "list")
     assert max(len(line) for line in out.splitlines()) <= 100
-    assert "config fields (defaults)" not in out and "adam_beta1" not in out
     assert re.search(r"^\W*lion\s+\W\s+emerging-optimizers\s", out, re.MULTILINE), out
+    monkeypatch.setenv("COLUMNS", "120")
     wide = run_ok(capsys, "list", "--fields")
     assert max(len(line) for line in wide.splitlines()) <= 120
     assert "use_precision_aware_optimizer=False" in wide
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_list_table_shows_each_optimizer_with_source_and_fields(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "list", "--fields")
     for header in ("name", "source", "shapes", "config fields (defaults)", "description"):
@@ -210,6 +227,7 @@ def test_dump_default_config_puts_matrices_in_group_0_and_biases_norms_in_a_wd0_
     }  # fmt: skip
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_dump_table_has_one_row_per_group(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt")
     lines = out.splitlines()
@@ -219,6 +237,7 @@ def test_dump_table_has_one_row_per_group(capsys: pytest.CaptureFixture[str]) ->
     assert len(lines) == 4  # no per-parameter rows without --explain
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_explain_adds_one_row_per_parameter_with_matched_rules(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--explain")
     groups_table, explain_table = out.split("\n\n")
@@ -275,6 +294,7 @@ def test_qk_norm_model_keeps_qk_layernorms_out_of_decay_by_default(capsys: pytes
 # ---- --config: TOML ------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_toml_config_with_name_globs_attr_and_a_lion_group(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -504,6 +524,7 @@ def test_no_trace_guesses_and_a_bad_example_inputs_spec_is_an_error(
     )
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_model_callable_returning_chunks_gets_chunk_qualified_names(
     capsys: pytest.CaptureFixture[str], write_module: Callable[[str], str]
 ) -> None:
@@ -621,7 +642,7 @@ def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     line = run_error(capsys, "dump-param-groups", "--model", "gtp")
     assert re.fullmatch(
         r"optzoo: error: `--model`: unknown model; got 'gtp'; expected one of \['gpt', .*\] "
-        r"or package\.module:callable",
+        r"or package\.module:callable; did you mean 'gpt'\?",  # issue 25: the close match
         line,
     )
 
@@ -695,7 +716,7 @@ BAD_CONFIGS = [
         name = "*.bias"
         set = { weight_decay_mult = 0.0 }
     """, (), r"optzoo: error: `config_overrides rule #0 name='\*\.bias'`: unknown override field; "
-             r"got 'weight_decay_mult'; expected one of \['lr', .*'wd_mult', .*\]",
+             r"got 'weight_decay_mult'; expected one of \['lr', .*'wd_mult', .*\]; did you mean 'weight_decay'\?",
                  id="unknown-override-field"),
     pytest.param("model_wide.toml", """
         [config]
@@ -711,7 +732,7 @@ BAD_CONFIGS = [
         [[overrides]]
         names = "*.bias"
         set = { wd_mult = 0.0 }
-    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'predicate', 'with_name_predicate', 'role', 'exclude_name', 'exclude_attr', 'exclude_predicate', 'exclude_with_name_predicate', 'exclude_role', 'set']"),
+    """, (), re.escape("optzoo: error: `overrides[0].names`: unknown key; got 'names'; expected one of ['name', 'attr', 'predicate', 'with_name_predicate', 'role', 'exclude_name', 'exclude_attr', 'exclude_predicate', 'exclude_with_name_predicate', 'exclude_role', 'set']; did you mean 'name'?"),
                  id="unknown-key-in-an-overrides-table"),
     pytest.param("conflict.toml", """
         [config]
@@ -771,8 +792,8 @@ def test_bad_config_file_gives_one_error_line(
 
 def test_unknown_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     line = run_usage_error(capsys, "dump-groups")
-    assert re.fullmatch(r"optzoo: error: argument command: invalid choice: 'dump-groups' \(choose from .*\) "
-                        r"\(see `optzoo --help`\)", line)  # fmt: skip
+    assert re.fullmatch(r"optzoo: error: argument command: invalid choice: 'dump-groups' \(choose from .*\); "
+                        r"did you mean 'dump-param-groups'\? \(see `optzoo --help`\)", line)  # fmt: skip
 
 
 def test_no_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
@@ -938,6 +959,7 @@ def test_tied_names_share_their_tensors_owner(capsys: pytest.CaptureFixture[str]
     assert sum(r["state_elements"] for r in document["ranks"]) == GPT_ELEMENTS - 256 * 128
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_world_size_table_adds_an_owner_column_and_a_per_rank_summary(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--world-size", "2", "--distributed-mode", "sharded")
     groups_table, params_table, summary = out.split("\n\n")
@@ -958,6 +980,7 @@ def test_world_size_table_adds_an_owner_column_and_a_per_rank_summary(capsys: py
     ]
 
 
+@pytest.mark.usefixtures("wide_terminal")  # the one-line rows of a wide terminal
 def test_world_size_with_explain_puts_the_owner_after_the_matched_rules(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--world-size", "2", "--explain")
     header, _, *rows = out.split("\n\n")[1].splitlines()
@@ -1020,7 +1043,7 @@ SHADOWED_MESSAGE = (
 
 def test_lint_prints_each_finding_and_a_count(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = write_file(tmp_path, "shadowed.toml", SHADOWED_BIAS_RULE)
-    assert run_ok(capsys, "lint", "--model", "gpt", "--config", config).splitlines() == [SHADOWED_MESSAGE, "1 finding"]
+    assert unwrap(run_ok(capsys, "lint", "--model", "gpt", "--config", config)).splitlines() == [SHADOWED_MESSAGE, "1 finding"]
     assert run_ok(capsys, "lint", "--model", "gpt").splitlines() == ["0 findings"]
 
 
@@ -1045,7 +1068,7 @@ def test_dump_param_groups_lint_adds_the_findings_after_the_tables(capsys: pytes
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--lint")
     groups_table, lint = out.split("\n\n")
     assert len(groups_table.splitlines()) == 4
-    assert lint.splitlines() == [SHADOWED_MESSAGE, "1 lint finding"]
+    assert unwrap(lint).splitlines() == [SHADOWED_MESSAGE, "1 lint finding"]
     status, _, _ = run(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--lint", "--strict")
     assert status == LINT_EXIT_STATUS
     document = dump_json(capsys, "--model", "gpt", "--config", config, "--lint")
@@ -1065,7 +1088,7 @@ def test_lint_on_a_hugging_face_model_with_a_rule_that_sends_every_matrix_to_muo
         role = ["bias", "norm"]
         set = { wd_mult = 0.0 }
     """)
-    lines = run_ok(capsys, "lint", "--model", "hf:LlamaConfig", "--config", config).splitlines()
+    lines = unwrap(run_ok(capsys, "lint", "--model", "hf:LlamaConfig", "--config", config)).splitlines()
     assert lines == [
         "lint: embedding-on-matrix-optimizer: `model.embed_tokens.weight`, `lm_head.weight`: input table or head "
         "routed to muon by rule #0 predicate='is_2d_matrix'; got param group #0 (muon); expected them on the scalar "
@@ -1143,3 +1166,171 @@ def test_item13_a_huge_world_size_and_negative_demo_steps_are_refused(capsys: py
     assert line == "optzoo: error: `--world-size`: out of range; got an int of 31 digits; expected an integer in [1, 1048576]"
     line = run_usage_error(capsys, "demo", "--steps", "-1")
     assert line == "optzoo: error: argument --steps: must be at least 1; got -1 (see `optzoo demo --help`)"
+
+
+# ---- issue 25: --version, recipes, did you mean, hf: forms, module:callable from here ------
+
+
+def test_version_names_optzoo_torch_and_emerging_optimizers(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert capsys.readouterr().out == (
+        f"optzoo {version('optzoo')} (torch {torch.__version__}, "
+        f"emerging-optimizers {version('emerging-optimizers')}, Python {python})\n"
+    )
+
+
+def test_recipes_lists_each_shipped_file_with_its_first_comment_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = Path(__file__).resolve().parents[2] / "optzoo" / "recipes"
+    expected = {p.stem: p.read_text().splitlines()[0].removeprefix("# ") for p in sorted(folder.glob("*.toml"))}
+    assert set(expected) >= {"muon-llm", "lion-llm", "adamw-no-decay-norms"}
+    assert json.loads(run_ok(capsys, "recipes", "--format", "json")) == [
+        {"name": name, "description": text} for name, text in expected.items()
+    ]
+    monkeypatch.setenv("COLUMNS", "1000")
+    header, rule, *rows = run_ok(capsys, "recipes").splitlines()
+    assert header.split() == ["recipe", "description"]
+    assert [row.split(maxsplit=1) for row in rows] == [[name, text] for name, text in expected.items()]
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["lst"], "did you mean 'list'?"),
+        (["recipe"], "did you mean 'recipes'?"),
+        (["dump-param-groups", "--model", "gpt", "--explian"], "did you mean '--explain'?"),
+        (["list", "--feilds"], "did you mean '--fields'?"),
+        (["dump-param-groups", "--model", "gtp"], "did you mean 'gpt'?"),
+        (["dump-param-groups", "--model", "gpt", "--config", "muon-lm"], "did you mean 'muon-llm'?"),
+        (["dump-param-groups", "--model", "hf:LlamaConfg"], "did you mean 'LlamaConfig'?"),
+        (["dump-param-groups", "--model", "hf:T5Config:AutoModelForSeq2SeqLMM"], "did you mean 'AutoModelForSeq2SeqLM'?"),
+    ],
+)
+def test_a_misspelt_name_gets_the_close_match(capsys: pytest.CaptureFixture[str], argv: list[str], hint: str) -> None:
+    try:
+        status = main(argv)
+    except SystemExit as exited:
+        status = exited.code  # type: ignore[assignment]
+    line = assert_one_error_line(capsys.readouterr().err)
+    assert status == 2
+    assert hint in line, line
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ('[config]\nlr = 1e-3\noptimizer = "muom"\n', "; did you mean 'muon'?"),
+        ("[config]\nlr = 1e-3\nweight_decy = 0.1\n", "; did you mean 'weight_decay'?"),
+        ('[config]\nlr = 1e-3\nmuon_scale_mode = "spectrl"\n', "; did you mean 'spectral'?"),
+        ('[config]\nlr = 1e-3\n[[overrides]]\nname = "*.bias"\nset = { wd_mul = 0.0 }\n', "; did you mean 'wd_mult'?"),
+        ('[config]\nlr = 1e-3\n[[overrides]]\npredicate = "is_1D"\nset = { wd_mult = 0.0 }\n', "; did you mean 'is_1d'?"),
+        ('[config]\nlr = 1e-3\n[[overrides]]\nexclude_nam = "*.bias"\nname = "*"\nset = { wd_mult = 0.0 }\n', "; did you mean 'exclude_name'?"),
+    ],
+    ids=["optimizer", "config-field", "value", "override-field", "predicate", "entry-key"],
+)
+def test_a_misspelt_config_file_gets_the_close_match(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, hint: str) -> None:
+    config = write_file(tmp_path, "typo.toml", text)
+    line = run_error(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
+    assert line.endswith(hint), line
+
+
+def test_the_python_api_suggests_too() -> None:
+    with pytest.raises(TypeError, match=r"^OptimizerConfig.__init__\(\) got an unexpected keyword argument 'weight_decy'; "
+                                        r"did you mean 'weight_decay'\?$"):  # fmt: skip
+        OptimizerConfig(lr=1e-3, weight_decy=0.1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"'lrr'; did you mean 'lr'\?$"):
+        OptimizerConfig(lr=1e-3).replace(lrr=1.0)
+    with pytest.raises(ValueError, match=r"^`OptimizerConfig.optimizer`: unknown optimizer; got 'Muon'; expected one of .*; did you mean 'muon'\?$"):
+        OptimizerConfig(lr=1e-3, optimizer="Muon")
+    with pytest.raises(ValueError, match=r"^`optimizer`: unknown optimizer; got 'lino'; expected one of .*; did you mean 'lion'\?$"):
+        get_spec("lino")
+    with pytest.raises(ValueError, match=r"expected one of \[.*\]$"):  # nothing close: no guess
+        OptimizerConfig(lr=1e-3, optimizer="zzzzzz")
+
+
+def _save_pretrained(folder: Path, config_class: str, **sizes: Any) -> None:
+    transformers = pytest.importorskip("transformers")
+    getattr(transformers, config_class)(**sizes).save_pretrained(str(folder))
+
+
+BERT_SIZES = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def test_hf_folder_in_the_current_directory_is_a_path_not_a_class(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hf:bert`` names a folder here (as save_pretrained writes it): config only, no weights."""
+    _save_pretrained(tmp_path / "bert", "BertConfig", architectures=["BertForSequenceClassification"], **BERT_SIZES)
+    assert not list((tmp_path / "bert").glob("*.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    for spec in ("hf:bert", "hf:./bert", f"hf:{tmp_path / 'bert'}"):
+        document = dump_json(capsys, "--model", spec)
+        names = set(group_of(document))
+        assert "classifier.weight" in names and "bert.embeddings.word_embeddings.weight" in names, spec  # the saved class
+        embeddings = 64 * 32 + 512 * 32 + 2 * 32 + 2 * 32  # word, position, token type, norm
+        layer = 4 * (32 * 32 + 32) + 2 * 32 + (32 * 64 + 64) + (64 * 32 + 32) + 2 * 32  # q k v o, norm, mlp, norm
+        head = (32 * 32 + 32) + (32 * 2 + 2)  # pooler, 2-label classifier
+        assert sum(g["num_elements"] for g in document["groups"]) == embeddings + layer + head, spec
+    document = dump_json(capsys, "--model", "hf:bert:AutoModelForMaskedLM")
+    assert "cls.predictions.decoder.weight" in group_of(document) or "cls.predictions.transform.dense.weight" in group_of(document)
+
+
+@pytest.mark.parametrize(
+    ("spec", "model_class"),
+    [
+        ("T5Config", "T5ForConditionalGeneration"),  # AutoModelForSeq2SeqLM
+        ("BertConfig", "BertForMaskedLM"),  # an encoder: not its causal head, which wants is_decoder=True
+        ("ViTConfig", "ViTForImageClassification"),
+        ("LlamaConfig", "LlamaForCausalLM"),
+        ("T5Config:AutoModel", "T5Model"),
+        ("BertConfig:AutoModelForCausalLM", "BertLMHeadModel"),
+        ("ViTConfig:AutoModel", "ViTModel"),
+    ],
+)
+def test_hf_config_picks_the_auto_class_with_a_model_for_it(spec: str, model_class: str) -> None:
+    from optzoo.models import build_model
+
+    auto = pytest.importorskip("transformers.models.auto.modeling_auto")
+    expected = {
+        "AutoModelForCausalLM": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "AutoModelForSeq2SeqLM": auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        "AutoModelForMaskedLM": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "AutoModelForImageClassification": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "AutoModel": auto.MODEL_MAPPING_NAMES,
+    }
+    model_type = {"T5Config": "t5", "BertConfig": "bert", "ViTConfig": "vit", "LlamaConfig": "llama"}[spec.split(":")[0]]
+    assert model_class in [table.get(model_type) for table in expected.values()]  # transformers' own tables
+    assert type(build_model(f"hf:{spec}")).__name__ == model_class
+
+
+def test_lint_runs_on_encoder_decoder_and_vision_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    for spec in ("hf:T5Config", "hf:BertConfig", "hf:ViTConfig"):
+        out = run_ok(capsys, "lint", "--model", spec, "--config", "muon-llm")
+        assert out.splitlines()[-1].endswith(("finding", "findings")), (spec, out)
+
+
+def test_an_auto_class_without_a_model_for_the_config_lists_those_with_one(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_error(capsys, "dump-param-groups", "--model", "hf:ViTConfig:AutoModelForCausalLM")
+    assert line == (
+        "optzoo: error: `hf:ViTConfig:AutoModelForCausalLM`: AutoModelForCausalLM has no model for this config; "
+        "got ViTConfig; expected one of the Auto classes that have one: ['AutoModelForImageClassification', 'AutoModel']"
+    )
+
+
+def test_a_module_in_the_current_directory_is_found(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """The ``optzoo`` script has its own folder first on sys.path, not the current one; ``--model
+    mymodels:build`` finds ``./mymodels.py`` as ``python -m`` would, and sys.path is left as found."""
+    name = f"optzoo_here_{os.getpid()}_{next(_module_counter)}"
+    (tmp_path / f"{name}.py").write_text("from torch import nn\n\ndef build():\n    return nn.Sequential(nn.Linear(4, 3))\n")
+    request.addfinalizer(lambda: sys.modules.pop(name, None))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path), ".")])
+    before = list(sys.path)
+    assert group_of(dump_json(capsys, "--model", f"{name}:build")) == {"0.weight": 0, "0.bias": 1}
+    assert sys.path == before

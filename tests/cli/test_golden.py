@@ -1,9 +1,11 @@
-"""Golden file: the exact output of ``optzoo dump-param-groups --model gpt --explain``.
+"""Golden files: the exact output of ``optzoo dump-param-groups --model gpt --explain``.
 
-The file ``tests/cli/golden/dump_param_groups_gpt_explain.txt`` freezes what the command prints
-for the built-in GPT with the default config (lr=1e-3, standard overrides): the group table, a
-blank line, then one row per parameter with the rules that matched it. Any change to routing,
-group order, rule descriptions or table layout shows up here as a diff.
+The files in ``tests/cli/golden/`` freeze what the command prints for the built-in GPT with the
+default config (lr=1e-3, standard overrides): the group table, a blank line, then one row per
+parameter with the rules that matched it. ``dump_param_groups_gpt_explain.txt`` is an
+80-column terminal (or a pipe), where roles and rules go on lines under their row;
+``..._wide.txt`` a terminal wide enough for one line per parameter. Any change to routing, group
+order, rule descriptions or table layout shows up here as a diff.
 
 To regenerate it after an intended change, run::
 
@@ -23,11 +25,16 @@ import pytest
 
 from optzoo.cli import main
 
-GOLDEN = Path(__file__).parent / "golden" / "dump_param_groups_gpt_explain.txt"
+GOLDEN_DIR = Path(__file__).parent / "golden"
 ARGV = ["dump-param-groups", "--model", "gpt", "--explain"]
 
 
-def test_dump_param_groups_gpt_explain_matches_golden_file(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("columns", "name"), [(80, "dump_param_groups_gpt_explain.txt"), (300, "dump_param_groups_gpt_explain_wide.txt")])
+def test_dump_param_groups_gpt_explain_matches_golden_file(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, columns: int, name: str
+) -> None:
+    GOLDEN = GOLDEN_DIR / name
+    monkeypatch.setenv("COLUMNS", str(columns))
     status = main(ARGV)
     out, err = capsys.readouterr()
     assert status == 0

@@ -241,7 +241,8 @@ def test_config_json_file_or_folder_builds_the_same_model(tmp_path: Path) -> Non
     [
         ("hf:NoSuchConfig", ValueError, r"^`hf:NoSuchConfig`: not a transformers config or model class; got 'NoSuchConfig'"),
         ("hf:AutoConfig", ValueError, r"^`hf:AutoConfig`: not a transformers config or model class"),
-        ("hf:ViTConfig", ValueError, r"^`hf:ViTConfig`: AutoModelForCausalLM has no model for this config; got ViTConfig"),
+        # issue 25: hf:ViTConfig now builds (AutoModelForImageClassification); a named Auto class without a model fails
+        ("hf:ViTConfig:AutoModelForCausalLM", ValueError, r"^`hf:ViTConfig:AutoModelForCausalLM`: AutoModelForCausalLM has no model for this config; got ViTConfig"),
         ("hf:/no/such/config.json", FileNotFoundError, r"^`hf:/no/such/config.json`: no such config file"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from emerging_optimizers.scalar_optimizers.lion import Lion
 
@@ -51,3 +52,39 @@ def test_lion_follows_the_paper_in_float64(odd_model: torch.nn.Module) -> None:
     for name, param in odd_model.named_parameters():
         # Each fp32 step rounds p once (<= 2**-24 relative): 20 steps stay below 2e-6 relative.
         torch.testing.assert_close(param.double(), shadow[name], rtol=2e-6, atol=1e-7, msg=name)
+
+
+def test_a_cpu_step_compiles_nothing(odd_model: torch.nn.Module) -> None:
+    """Issue 25: upstream's update is ``torch.compile``d, and its first CPU step compiled for
+    ~17 s; optzoo's Lion steps CPU params without dynamo seeing a frame."""
+    from torch._dynamo.utils import counters
+
+    optimizer = get_optimizer(CONFIG, odd_model)
+    torch._dynamo.reset()  # no cached kernel: a compiled call would convert a frame now
+    counters.clear()
+    fill_grads(list(odd_model.parameters()), torch.Generator().manual_seed(1))
+    optimizer.step()
+    assert sum(counters["frames"].values()) == 0, dict(counters["frames"])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "betas"),
+    [(torch.float32, (0.9, 0.99)), (torch.float32, (0.3, 0.6)), (torch.bfloat16, (0.95, 0.98))],
+    ids=["float32", "float32-weights-past-half", "bfloat16"],
+)
+def test_the_eager_update_equals_upstreams_compiled_kernel_bitwise(dtype: torch.dtype, betas: tuple[float, float]) -> None:
+    """The eager update rounds as the compiled kernel does (torch's lerp decomposition in float32,
+    rounded once), not as eager ``lerp``; ``1 - 0.6`` takes the ``|w| >= 0.5`` branch."""
+    from emerging_optimizers.scalar_optimizers.update_functions import calculate_lion_update
+
+    from optzoo.optimizers._emerging import lion_update_as_compiled
+
+    generator = torch.Generator().manual_seed(3)
+    grad = torch.randn(67, 33, generator=generator).to(dtype)
+    exp_avg = torch.randn(67, 33, generator=generator).to(dtype)
+    theirs, ours = exp_avg.clone(), exp_avg.clone()
+    torch._dynamo.reset()  # a fresh compile for this dtype and these betas: not the recompile limit's eager fallback
+    expected = calculate_lion_update(grad, theirs, betas=betas)
+    got = lion_update_as_compiled(grad, ours, betas=betas)
+    assert torch.equal(got, expected) and got.dtype == expected.dtype
+    assert torch.equal(ours, theirs)

@@ -346,13 +346,14 @@ def test_matmul_precision_rule(
     assert torch.get_float32_matmul_precision() == "highest"  # restored
 
 
-def test_medium_on_cpu_warns_once_naming_device_and_setting(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_medium_on_cpu_logs_once_at_debug_naming_device_and_setting(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25: ``medium`` is the default, so its float32 fallback on CPU is logged at DEBUG, not WARNING."""
     monkeypatch.setattr(ns, "_warned_device_types", set())
     x = torch.randn(16, 24)
-    with caplog.at_level(logging.WARNING, logger="optimizers.newton_schulz"):
+    with caplog.at_level(logging.DEBUG, logger=ns._LOGGER.name):
         out = newton_schulz(x, matmul_precision="medium")
         newton_schulz(x, matmul_precision="medium")
-    assert len(caplog.records) == 1
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
     assert re.search(r"matmul_precision='medium'.*device 'cpu'.*float32", caplog.records[0].getMessage())
     torch.testing.assert_close(out, newton_schulz(x, matmul_precision="highest"), atol=0, rtol=0)
 
@@ -404,3 +405,24 @@ ALLOWED_SETS = r"\['simple', 'quintic', 'polar_express', 'cans', 'aol', 'deepsee
 def test_bad_arguments_raise(x: Any, kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         newton_schulz(x, **kwargs)
+
+
+def test_a_default_muon_run_on_cpu_logs_and_warns_nothing(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25: every CPU run logged the ``medium`` precision fallback at WARNING; the default
+    config's run is now silent at INFO and above, and raises no Python warning."""
+    import warnings
+
+    from optzoo import OptimizerConfig, get_optimizer
+    from optzoo.models import GPT, GPTConfig
+
+    monkeypatch.setattr(ns, "_warned_device_types", set())  # as in a fresh process
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(num_layers=1, hidden_size=16, num_heads=2, vocab_size=32, max_seq_len=8))
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimizer = get_optimizer(OptimizerConfig(optimizer="muon", lr=0.02), [model])
+        model.loss(torch.randint(0, 32, (2, 9))).backward()
+        optimizer.step()
+    assert OptimizerConfig().muon_fp32_matmul_prec == "medium"  # the default this run took
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert [str(w.message) for w in caught] == []

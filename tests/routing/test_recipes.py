@@ -220,7 +220,7 @@ def test_register_predicate_takes_a_ready_predicate_and_an_explicit_kind(registr
          "`register_predicate('x')`: fn must be callable; got 3 (int); expected fn(param) or fn(param, name)"),
         (lambda: get_predicate("is_1D"), ValueError,
          (f"`predicate`: unknown predicate; got 'is_1D'; expected one of {BUILTINS} "
-         "(register_predicate(name, fn) adds one)")),
+         "(register_predicate(name, fn) adds one); did you mean 'is_1d'?")),  # issue 25: the close match
         (lambda: unregister_predicate("is_1d"), ValueError,
          (f"`unregister_predicate`: built-in predicates cannot be removed; got 'is_1d'; expected one you "
          f"registered (built-in: {BUILTINS})")),
@@ -468,7 +468,7 @@ ENTRY_FIELDS = [
 BAD_RECIPES = [
     pytest.param('[[overrides]]\npredicate = "is_1D"\nset = { wd_mult = 0.0 }\n',
                  f"`overrides[0].predicate`: unknown predicate; got 'is_1D'; expected one of {BUILTINS} "
-                 "(register_predicate(name, fn) adds one)", id="unknown-predicate"),
+                 "(register_predicate(name, fn) adds one); did you mean 'is_1d'?", id="unknown-predicate"),
     pytest.param('[[overrides]]\nname = "*"\nexclude_predicate = ["is_1d", "nope"]\nset = { wd_mult = 0.0 }\n',
                  f"`overrides[0].exclude_predicate`: unknown predicate; got 'nope'; expected one of {BUILTINS} "
                  "(register_predicate(name, fn) adds one)", id="unknown-exclude-predicate"),
@@ -485,7 +485,8 @@ BAD_RECIPES = [
                  "`overrides[0]`: selects no parameter; got ['name']; expected at least one of name, attr, "
                  "predicate, role (the exclude_* fields only take parameters out)", id="empty-list"),
     pytest.param('[[overrides]]\nname = "*"\nexclude = "*.bias"\nset = { wd_mult = 0.0 }\n',
-                 f"`overrides[0].exclude`: unknown key; got 'exclude'; expected one of {ENTRY_FIELDS}", id="unknown-key"),
+                 f"`overrides[0].exclude`: unknown key; got 'exclude'; expected one of {ENTRY_FIELDS}; "
+                 "did you mean 'exclude_role', 'exclude_name' or 'exclude_attr'?", id="unknown-key"),
     pytest.param('[[overrides]]\nname = "*"\nexclude_attr = 3\nset = { wd_mult = 0.0 }\n',
                  "`overrides[0].exclude_attr`: must be a string or a list of strings; got 3; "
                  "expected e.g. 'is_embedding_or_output_parameter'", id="not-a-string"),
@@ -645,10 +646,11 @@ def test_each_shipped_recipe_round_trips_and_loads_as_a_config_name(name: str) -
 
 def test_unknown_recipe_names(tmp_path: Path) -> None:
     names = ["adamw-no-decay-norms", "lion-llm", "muon-llm"]
-    with pytest.raises(ValueError, match=f"^{re.escape(f'`recipe`: unknown recipe; got {chr(39)}muon{chr(39)}; expected one of {names}')}$"):
+    with pytest.raises(ValueError, match=f"^{re.escape(f'`recipe`: unknown recipe; got {chr(39)}muon{chr(39)}; expected one of {names}')}; did you mean 'muon-llm'\\?$"):
         load_recipe("muon")
     with pytest.raises(FileNotFoundError, match="^" + re.escape(
         f"`--config`: no such file or shipped recipe; got 'muon-lm'; expected a .toml, .yaml or .py file, or one of {names}"
+        "; did you mean 'muon-llm'?"
     ) + "$"):  # fmt: skip
         load_config_file("muon-lm")
     missing = str(tmp_path / "muon-llm.toml")
