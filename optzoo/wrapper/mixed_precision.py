@@ -164,6 +164,10 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 "expected one 1-D mesh (FSDP2 data parallelism): build the optimizer after accelerator.prepare(model)"
             )
         self.param_map = followed
+        for opt in self.optimizers:  # not every fused kernel has a DTensor rule (SGD's has none); foreach ones do
+            for group in opt.param_groups:
+                if group.get("fused") and any(isinstance(p, DTensor) for p in group["params"]):
+                    group["fused"], group["foreach"] = False, True
         if meshes:
             self.process_group = next(iter(meshes)).get_group()
         self._read_inner_params()
