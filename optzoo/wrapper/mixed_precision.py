@@ -161,7 +161,7 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         if len(meshes) > 1 or any(mesh.ndim != 1 for mesh in meshes):
             raise ValueError(
                 f"`param_groups`: re-pointed at DTensor params on {len(meshes)} device meshes; got {sorted(map(str, meshes))}; "
-                "expected one 1-D mesh (FSDP2 data parallelism): build the optimizer after accelerator.prepare(model)"
+                "expected one 1-D mesh (FSDP2 data parallelism): build the optimizer after fully_shard, without accelerate's prepare"
             )
         self.param_map = followed
         for opt in self.optimizers:  # not every fused kernel has a DTensor rule (SGD's has none); foreach ones do

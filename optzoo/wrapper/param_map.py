@@ -221,7 +221,7 @@ def follow_repointed_params(
 
     Raises:
         ValueError: Slots were re-pointed in a way that cannot be followed (the message says why,
-            and that building the optimizer after ``prepare`` is the fix); nothing changes.
+            and what to do instead); nothing changes.
     """
     holders = param_map.holders
     moved: dict[int, torch.Tensor] = {}
@@ -239,9 +239,10 @@ def follow_repointed_params(
     def refuse(name: str, problem: str) -> ValueError:
         return ValueError(
             f"`{name}`: the optimizer's param_groups were re-pointed at new tensors (as accelerate's FSDP2 prepare "
-            f"does); got {problem}; expected each slot re-pointed at the model's new param of that name, no optimizer "
-            "state yet, and the param stepped in place: build the optimizer after accelerator.prepare(model), from the "
-            "prepared model"
+            f"does); got {problem}; expected each slot re-pointed at the model's new param of that name, before any "
+            "step, for a param stepped in place: call accelerator.prepare(model, optimizer) before training, with "
+            "OptimizerConfig(bf16=False) and accelerate's mixed_precision (or, without accelerate, build the "
+            "optimizer after fully_shard)"
         )
 
     for i, now in moved.items():

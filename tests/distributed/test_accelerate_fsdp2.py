@@ -143,14 +143,15 @@ def _repointed_after_a_step(config: OptimizerConfig) -> tuple[torch.nn.Module, A
     return model, optimizer
 
 
-def test_repointing_after_a_step_is_refused_naming_build_after_prepare() -> None:
+def test_repointing_after_a_step_is_refused_naming_what_to_do() -> None:
     model, optimizer = _repointed_after_a_step(OptimizerConfig(optimizer="adam", lr=1e-3))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(ValueError, match=re.escape(
         "`0.weight`: the optimizer's param_groups were re-pointed at new tensors (as accelerate's FSDP2 prepare does); "
         "got optimizer state for the old param (a step was taken before); expected each slot re-pointed at the model's "
-        "new param of that name, no optimizer state yet, and the param stepped in place: build the optimizer after "
-        "accelerator.prepare(model), from the prepared model"
+        "new param of that name, before any step, for a param stepped in place: call accelerator.prepare(model, "
+        "optimizer) before training, with OptimizerConfig(bf16=False) and accelerate's mixed_precision (or, without "
+        "accelerate, build the optimizer after fully_shard)"
     )):  # fmt: skip
         optimizer.step()
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
