@@ -130,6 +130,18 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         self._state_dict_calls = 0
         self._gathered: dict[str, Any] | None = None  # gather_state_dict's result, until a step or load
 
+    def _follow_repointed_params(self) -> bool:
+        """Refuse re-pointed ``param_groups`` (accelerate's FSDP2 ``prepare``): the sharding plan and
+        the param sync were made for the params this optimizer was built for."""
+        if all(p is e.main for g, es in zip(self.param_groups, self.param_map.local_by_group()) for p, e in zip(g["params"], es)):
+            return False
+        raise ValueError(
+            f"`param_groups`: re-pointed at new tensors (as accelerate's FSDP2 prepare does); got a {type(self).__name__} "
+            "(use_distributed_optimizer or use_layer_wise_distributed_optimizer), whose sharding plan and param sync "
+            "belong to the params it was built for; expected those params: FSDP2 shards the optimizer state itself, so "
+            "drop the distributed-optimizer flag under FSDP2"
+        )
+
     @torch.no_grad()
     def reload_model_params(self, state_dict: Mapping[str, Any] | None = None) -> None:
         """:meth:`MixedPrecisionOptimizer.reload_model_params`; a gathered state dict is dropped."""

@@ -155,3 +155,28 @@ def test_repointing_after_a_step_is_refused_naming_what_to_do() -> None:
     )):  # fmt: skip
         optimizer.step()
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def _repointed_distributed_optimizer(rank: int, world_size: int) -> str:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    optimizer = get_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, use_layer_wise_distributed_optimizer=True), model)
+    for module in model:
+        module.weight = torch.nn.Parameter(module.weight.detach().clone())
+        module.bias = torch.nn.Parameter(module.bias.detach().clone())
+    fresh = dict(model.named_parameters())
+    for group, entries in zip(optimizer.param_groups, optimizer.param_map.local_by_group()):  # this rank's own params
+        group["params"] = [fresh[entry.name] for entry in entries]
+    assert any(g["params"] for g in optimizer.param_groups), "each rank owns some of the 4 params"
+    model(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(ValueError) as raised:
+        optimizer.step()
+    return str(raised.value)
+
+
+def test_a_distributed_optimizer_refuses_repointed_params() -> None:
+    for message in run_ranks(WORLD_SIZE, _repointed_distributed_optimizer, timeout=120):
+        assert message.startswith(
+            "`param_groups`: re-pointed at new tensors (as accelerate's FSDP2 prepare does); got a DistributedOptimizer "
+            "(use_distributed_optimizer or use_layer_wise_distributed_optimizer)"
+        ), message
