@@ -169,3 +169,46 @@ def test_a_state_dict_called_on_one_rank_raises_naming_the_absent_ranks_instead_
         r"for transformers\.Trainer.*\)",
         messages[0] or "",
     ), messages[0]
+
+
+# ---- when the callback gathers: Trainer's own flow objects, one process ------------------------
+
+
+class _Counting:
+    """Stands for optzoo's DistributedOptimizer: counts gather_state_dict calls."""
+
+    def __init__(self) -> None:
+        self.gathers = 0
+
+    def gather_state_dict(self) -> None:
+        self.gathers += 1
+
+
+def test_the_callback_gathers_when_trainer_has_decided_to_save_through_accelerates_wrapper() -> None:
+    from accelerate.optimizer import AcceleratedOptimizer
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    from optzoo.trainer import GatherOptimizerState
+
+    inner = _Counting()
+    wrapped = AcceleratedOptimizer.__new__(AcceleratedOptimizer)  # as Trainer holds it; only .optimizer is read
+    wrapped.optimizer = inner
+    callback, flow = GatherOptimizerState(), DefaultFlowCallback()
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], save_strategy="steps", save_steps=2, max_steps=4)
+        state, control = TrainerState(max_steps=4, save_steps=2, logging_steps=1, eval_steps=10), TrainerControl()  # as Trainer sets them from args
+        for step in range(1, 5):  # Trainer's order: DefaultFlowCallback first, then the user's callbacks
+            state.global_step = step
+            control = flow.on_step_end(args, state, control)
+            callback.on_step_end(args, state, control, optimizer=wrapped)
+            control.should_save = False  # Trainer resets it after saving
+        assert inner.gathers == 2  # steps 2 and 4, where DefaultFlowCallback set should_save
+        best = TrainingArguments(
+            output_dir=out, use_cpu=True, report_to=[], save_strategy="best", eval_strategy="steps", metric_for_best_model="loss"
+        )
+        callback.on_evaluate(best, state, TrainerControl(), optimizer=wrapped)
+        callback.on_evaluate(args, state, TrainerControl(), optimizer=wrapped)
+        assert inner.gathers == 3  # after an evaluation only under "best", where Trainer decides afterwards
+        # a plain torch optimizer (one process, or DDP without the distributed flags) is left alone
+        callback.on_step_end(args, state, TrainerControl(should_save=True), optimizer=torch.optim.SGD([torch.zeros(1, requires_grad=True)]))
