@@ -7,6 +7,7 @@ format one process saves (:mod:`optzoo.wrapper.state_dict`) and loads on any num
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 
 from optzoo.wrapper.param_map import ParamMap, Part
 
-__all__ = ["agree_on_error", "consolidate", "per_element"]
+__all__ = ["agree_on_error", "arrive_together", "consolidate", "per_element"]
 
 
 def agree_on_error(error: Exception | None, group: dist.ProcessGroup | None, what: str) -> None:
@@ -34,6 +35,41 @@ def agree_on_error(error: Exception | None, group: dist.ProcessGroup | None, wha
     rank, kind, message = min(failed)
     shown = message if kind == "ValueError" else f"`{what}`: failed on rank {rank}; got {kind}: {message}; expected a checkpoint every rank loads"
     raise ValueError(shown) from error
+
+
+def arrive_together(group: dist.ProcessGroup, key: str, what: str, timeout: datetime.timedelta) -> None:
+    """Wait until every rank of ``group`` has called this with ``key``, through the default store.
+
+    Run before a collective that one rank may call alone (a framework that saves on rank 0 only):
+    the collective would hang forever, matched against whatever the other ranks do next. Each rank
+    sets ``key/<its rank>`` and waits for the others' keys; the store answers without a collective,
+    so the wait can end with a message instead.
+
+    Raises:
+        RuntimeError: Naming the ranks that did not call it within ``timeout``; this rank's
+            arrival is taken back, so the same ``key`` can be tried again.
+    """
+    ranks = dist.get_process_group_ranks(group)
+    if len(ranks) == 1:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    mine = f"{key}/{dist.get_rank()}"
+    store.set(mine, "1")
+    keys = [f"{key}/{rank}" for rank in ranks]
+    try:
+        store.wait(keys, timeout)
+    except RuntimeError as error:  # a TCPStore raises DistStoreError, a FileStore a RuntimeError
+        absent = [rank for rank, one in zip(ranks, keys) if not store.check([one])]
+        if not absent:  # they arrived just after the timeout
+            return
+        store.delete_key(mine)  # a later call under the same key must wait for this rank again
+        raise RuntimeError(
+            f"`{what}`: a collective, called by rank {dist.get_rank()} without the others; got no call from "
+            f"ranks {absent} within {timeout.total_seconds():g} s; expected every rank of the data-parallel group "
+            "to call it (a framework that saves on rank 0 only must gather on every rank first: "
+            "optzoo.trainer.GatherOptimizerState for transformers.Trainer, or call gather_state_dict() on every "
+            "rank; see docs/integrations.md)"
+        ) from error
 
 
 def per_element(value: Any, part: Part, full_shape: tuple[int, ...]) -> bool:

@@ -11,7 +11,10 @@ Gradients must already agree across ranks (torch DDP, or your own all-reduce): t
 reads the owned part of each gradient. The inf/NaN flag, the grad norm and the zero count are
 reduced over the group, so every rank takes the same decision and reports the single-process
 values. :meth:`DistributedOptimizer.state_dict` is a collective returning the consolidated,
-name-keyed dict one process would save, so a checkpoint saved with N ranks loads with M.
+name-keyed dict one process would save, so a checkpoint saved with N ranks loads with M. A
+framework that saves on rank 0 alone (``transformers.Trainer``) calls
+:meth:`~DistributedOptimizer.gather_state_dict` on every rank first (:mod:`optzoo.trainer` does it
+for Trainer); a call on one rank alone raises after ``state_dict_timeout`` instead of hanging.
 
 Expert params (Megatron's ``allreduce=False``, or the ``expert`` role) have their own plan over
 the expert data-parallel group when one is given (``expert_process_group``, or
@@ -23,19 +26,21 @@ counts every element once, dense or expert: one grad norm and one inf flag for b
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from optzoo.distributed.checkpoint import agree_on_error, consolidate
+from optzoo.distributed.checkpoint import agree_on_error, arrive_together, consolidate
 from optzoo._common import shorten
 from optzoo.distributed.plan import ShardingPlan
 from optzoo.distributed.setup import ExpertLayout
 from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer, StepOptions
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
+from optzoo.wrapper.state_dict import STRUCTURAL_KEYS
 
 __all__ = ["DistributedOptimizer", "ParamSync"]
 
@@ -63,7 +68,14 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             group, and where the other expert-parallel ranks' experts are (both or neither).
         param_sync: ``all_gather`` (default: one padded all-gather per dtype) or ``broadcast``
             (one broadcast per rank and dtype).
+
+    Attributes:
+        state_dict_timeout: How long :meth:`state_dict` waits for the other ranks to call it too
+            before raising (10 minutes, NCCL's default collective timeout): one rank calling a
+            collective alone would otherwise hang forever.
     """
+
+    state_dict_timeout: datetime.timedelta = datetime.timedelta(minutes=10)
 
     def __init__(
         self,
@@ -110,6 +122,38 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 lengths = [max(sizes)] * len(sizes) if param_sync == "all_gather" else sizes
                 buffers[dtype] = [torch.empty(n, dtype=dtype, device=self._one.device) for n in lengths]
             self._syncs.append((group, one_plan.world_size, layout, buffers))
+        # Store keys for state_dict's arrival check: every rank builds its optimizers over a group
+        # in the same order, so the count of them on this rank names this one on every rank.
+        members = "-".join(map(str, dist.get_process_group_ranks(process_group)))
+        count = dist.distributed_c10d._get_default_store().add(f"optzoo/optimizers/{members}/{dist.get_rank()}", 1)
+        self._state_dict_key = f"optzoo/state_dict/{members}/{count}"
+        self._state_dict_calls = 0
+        self._gathered: dict[str, Any] | None = None  # gather_state_dict's result, until a step or load
+
+    def _follow_repointed_params(self) -> bool:
+        """Refuse re-pointed ``param_groups`` (accelerate's FSDP2 ``prepare``): the sharding plan and
+        the param sync were made for the params this optimizer was built for."""
+        if all(p is e.main for g, es in zip(self.param_groups, self.param_map.local_by_group()) for p, e in zip(g["params"], es)):
+            return False
+        raise ValueError(
+            f"`param_groups`: re-pointed at new tensors (as accelerate's FSDP2 prepare does); got a {type(self).__name__} "
+            "(use_distributed_optimizer or use_layer_wise_distributed_optimizer), whose sharding plan and param sync "
+            "belong to the params it was built for; expected those params: FSDP2 shards the optimizer state itself, so "
+            "drop the distributed-optimizer flag under FSDP2"
+        )
+
+    @torch.no_grad()
+    def reload_model_params(self, state_dict: Mapping[str, Any] | None = None) -> None:
+        """:meth:`MixedPrecisionOptimizer.reload_model_params`; a gathered state dict is dropped."""
+        self._gathered = None
+        super().reload_model_params(state_dict)
+
+    @torch.no_grad()
+    def prepare_grads(self) -> bool:
+        """:meth:`MixedPrecisionOptimizer.prepare_grads`; a gathered state dict is dropped (the
+        loss scale and then the state change)."""
+        self._gathered = None
+        return super().prepare_grads()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Refused after construction: the sharding plan (who owns and syncs what) is agreed by every rank
@@ -150,6 +194,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         """:meth:`MixedPrecisionOptimizer.step_on_device` on the owned shards, then every rank gets
         the params (unconditionally: a skipped step sends the unchanged values)."""
+        self._gathered = None
         result = super().step_on_device()
         self._sync_params()
         return result
@@ -188,13 +233,47 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             if entry.model.grad is not None:
                 entry.model.grad = None if set_to_none else entry.model.grad.zero_()
 
+    def gather_state_dict(self) -> None:
+        """Gather the consolidated state dict now, on every rank (a collective), so that
+        :meth:`state_dict` returns it without a collective, on any rank, until the state changes.
+
+        For frameworks that save the optimizer on rank 0 alone (``transformers.Trainer``): call it
+        on every rank before their save (:class:`optzoo.trainer.GatherOptimizerState` does, for
+        Trainer). The gathered state is dropped on every rank together, by the next step, load or
+        :meth:`reload_model_params`; until then every rank's :meth:`state_dict` returns it, so the
+        ranks never disagree on whether a call is a collective. The groups' hyperparameters (a
+        scheduler's lr) are read when :meth:`state_dict` is called.
+        """
+        self._gathered = None
+        self._gathered = self._state_dict()
+
     def _state_dict(self) -> dict[str, Any]:
         """The whole optimizer's state, keyed by names, as one process would save it.
 
-        A collective: every rank must call it; every rank gets the same dict. Under expert
-        parallelism it holds every expert when expert names are global, else this rank's experts
-        (see :class:`~optzoo.distributed.setup.ExpertLayout`).
+        A collective: every rank must call it (or :meth:`gather_state_dict` before); every rank
+        gets the same dict. A rank that calls it while another does not for ``state_dict_timeout``
+        raises ``RuntimeError`` naming the absent ranks, before entering any collective. Under
+        expert parallelism it holds every expert when expert names are global, else this rank's
+        experts (see :class:`~optzoo.distributed.setup.ExpertLayout`).
         """
+        gathered = self._gathered
+        if gathered is not None:  # the groups as they are now: a scheduler may have moved the lr since
+            live = super()._state_dict()["param_groups"]
+            groups = [
+                {**{k: v for k, v in now.items() if k not in STRUCTURAL_KEYS}, "param_names": saved["param_names"]}
+                for now, saved in zip(live, gathered["param_groups"], strict=True)
+            ]
+            return {**gathered, "param_groups": groups}
+        self._state_dict_calls += 1
+        assert self.process_group is not None  # required by __init__
+        try:
+            arrive_together(
+                self.process_group, f"{self._state_dict_key}/{self._state_dict_calls}", f"{type(self).__name__}.state_dict",
+                self.state_dict_timeout,
+            )  # fmt: skip
+        except RuntimeError:
+            self._state_dict_calls -= 1  # not a call the other ranks made: the next one is this one again
+            raise
         local = super()._state_dict()
         mine = {
             "state": {name: _to_cpu(values) for name, values in local["state"].items()},
@@ -221,6 +300,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """As :meth:`MixedPrecisionOptimizer.load_state_dict`; under expert parallelism with global
         expert names, the experts other ranks hold are skipped (and must be in the checkpoint)."""
+        self._gathered = None
         layout = self.expert_layout
         if layout is None or not layout.global_names or not isinstance(state_dict, Mapping) or "param_groups" not in state_dict:
             return super()._load_state_dict(state_dict)

@@ -38,7 +38,7 @@ from optzoo.wrapper import grad_stages, step_guards
 from optzoo.wrapper.added_groups import Rerouter, route_added_params, sync_siblings_
 from optzoo.wrapper.framework_contract import ClipWatch, LastStep, torch_defaults
 from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
-from optzoo.wrapper.param_map import ParamMap
+from optzoo.wrapper.param_map import ParamMap, follow_repointed_params
 from optzoo.wrapper.scalers import MegatronGradScaler
 from optzoo.wrapper.state_dict import load_state_dict_, state_dict_of
 
@@ -140,12 +140,9 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             opt.state = self.state  # params are disjoint, so one mapping serves every optimizer
         # Which inner optimizers divide by a grad_scale tensor in their kernel (torch's protocol for
         # GradScaler: fused Adam, AdamW, SGD; the precision-aware Adam), and the params of the others.
-        self._takes_grad_scale = [
-            bool(getattr(opt, "_step_supports_amp_scaling", False))
-            and not any(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
-            for opt in self.optimizers
-        ]
-        self._params_of = [[p for g in opt.param_groups for p in g["params"]] for opt in self.optimizers]
+        self._takes_grad_scale: list[bool] = []
+        self._params_of: list[list[torch.Tensor]] = []
+        self._read_inner_params()
         # torch SGD with momentum and dampening (set on the groups by hand): checked before each step
         self._sgds = [opt for opt in self.optimizers if isinstance(opt, torch.optim.SGD)]
         # Which inner optimizers are stepped as a transaction (the registry's ``verified_step``: finite
@@ -153,6 +150,46 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         self._verified = [
             any(get_spec(g["optimizer"]).verified_step for g in opt.param_groups if "optimizer" in g) for opt in self.optimizers
         ]
+
+    def _read_inner_params(self) -> None:
+        """What the step needs to know about the inner optimizers' params (read again when they change)."""
+        self._takes_grad_scale = [
+            bool(getattr(opt, "_step_supports_amp_scaling", False))
+            and not any(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
+            for opt in self.optimizers
+        ]
+        self._params_of = [[p for g in opt.param_groups for p in g["params"]] for opt in self.optimizers]
+
+    def _follow_repointed_params(self) -> bool:
+        """Follow a framework's re-pointing of ``param_groups`` at new params (accelerate's FSDP2
+        ``prepare``), by name: the map, the inner optimizers' params and, for FSDP2 params, the group
+        the norm and the inf/NaN flag are reduced over; returns whether there was one to follow.
+
+        Raises:
+            ValueError: It cannot be followed (see :func:`~optzoo.wrapper.param_map.follow_repointed_params`).
+        """
+        followed = follow_repointed_params(self.param_map, self.param_groups, self.state)
+        if followed is None:
+            return False
+        meshes = {e.model.device_mesh for e in followed.entries if isinstance(e.model, DTensor)}
+        if len(meshes) > 1 or any(mesh.ndim != 1 for mesh in meshes):
+            raise ValueError(
+                f"`param_groups`: re-pointed at DTensor params on {len(meshes)} device meshes; got {sorted(map(str, meshes))}; "
+                "expected one 1-D mesh (FSDP2 data parallelism): build the optimizer after fully_shard, without accelerate's prepare"
+            )
+        self.param_map = followed
+        for opt in self.optimizers:  # not every fused kernel has a DTensor rule (SGD's has none); foreach ones do
+            for group in opt.param_groups:
+                if group.get("fused") and any(isinstance(p, DTensor) for p in group["params"]):
+                    group["fused"], group["foreach"] = False, True
+        if meshes:
+            self.process_group = next(iter(meshes)).get_group()
+        self._read_inner_params()
+        self._grad_buffers.clear()
+        first = next((e.main for e in followed.local), None)
+        if first is not None and first.device != self._one.device:  # prepare may move the model
+            self._one, self._found_inf = self._one.to(first.device), self._found_inf.to(first.device)
+        return True
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add params that became trainable after :func:`~optzoo.get_optimizer` (a backbone unfrozen by
@@ -382,9 +419,9 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             return self._prepare_grads()
 
     def _prepare_grads(self) -> bool:
-        group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
             grads = self._to_mains()
+        group, device = self.process_group, self._one.device  # after _to_mains: it may follow re-pointed params
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None  # before the update
         deferred = self.options.fold_clip_and_scale
         with self._timed("optimizer-unscale-and-check-inf"):
@@ -493,9 +530,9 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         return result
 
     def _step_on_device(self) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        group, device = self.process_group, self._one.device
         with self._timed("optimizer-copy-to-main-grad"):
             grads = self._to_mains(on_device=True)
+        group, device = self.process_group, self._one.device  # after _to_mains: it may follow re-pointed params
         clipping = self.options.clip_grad > 0.0
         if not grads and group is None:
             return torch.ones((), dtype=torch.bool, device=device), None, None
@@ -541,7 +578,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
     def _to_mains(self, *, on_device: bool = False) -> list[torch.Tensor]:
         """The first stage of every step: working copies and gradients to where the inner
         optimizers read them; returns the main grads. What can refuse the step is checked first."""
-        self.param_map.check_model_unchanged()
+        try:
+            self.param_map.check_model_unchanged()
+        except ValueError:
+            if not self._follow_repointed_params():
+                raise
+            self.param_map.check_model_unchanged()
         if any(g["momentum"] != 0 and g["dampening"] != 0 for opt in self._sgds for g in opt.param_groups):
             has_grad = grad_stages.grad_presence(self.param_map)
             step_guards.check_dampening(self.optimizers, lambda main: has_grad.get(id(main), False), on_device=on_device)

@@ -10,6 +10,7 @@ and the state dict all walk this map, so nothing is guessed from storage pointer
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "Part",
     "build_param_map",
     "check_param_dtypes",
+    "follow_repointed_params",
     "part_of",
 ]
 
@@ -201,6 +203,67 @@ class ParamMap:
     def aliases(self) -> dict[str, tuple[str, ...]]:
         """``{name: every name}`` for the params that have more than one name (tied weights)."""
         return {entry.name: entry.names for entry in self.entries if len(entry.names) > 1}
+
+
+def follow_repointed_params(
+    param_map: ParamMap, param_groups: Sequence[Mapping[str, Any]], state: Mapping[torch.Tensor, Any]
+) -> ParamMap | None:
+    """The map for the params a framework re-pointed the optimizer at, by name; ``None`` if none was.
+
+    accelerate's FSDP2 ``prepare(model, optimizer)`` shards the model (``fully_shard`` registers a
+    new DTensor param under each name) and then writes into ``param_groups[i]["params"]`` the new
+    param of the same name (``fsdp2_switch_optimizer_parameters``). The inner optimizers would then
+    step the new params directly, while the map still points at the old ones: no gradient would
+    be seen, so no clip, no norm and no inf/NaN skip. The re-pointing is followed when every
+    re-pointed slot holds the param its module now holds under that entry's name, the old one was
+    stepped in place (no fp32 copy, no working copy, not sharded by this optimizer), its shape is
+    unchanged and it has no state yet; the new param keeps the old one's attributes.
+
+    Raises:
+        ValueError: Slots were re-pointed in a way that cannot be followed (the message says why,
+            and what to do instead); nothing changes.
+    """
+    holders = param_map.holders
+    moved: dict[int, torch.Tensor] = {}
+    index = {id(entry): i for i, entry in enumerate(param_map.entries)}
+    for group, entries in zip(param_groups, param_map.local_by_group(), strict=True):
+        params = group["params"]
+        if len(params) != len(entries):
+            return None
+        for entry, now in zip(entries, params):
+            if now is not entry.main:
+                moved[index[id(entry)]] = now
+    if not moved:
+        return None
+
+    def refuse(name: str, problem: str) -> ValueError:
+        return ValueError(
+            f"`{name}`: the optimizer's param_groups were re-pointed at new tensors (as accelerate's FSDP2 prepare "
+            f"does); got {problem}; expected each slot re-pointed at the model's new param of that name, before any "
+            "step, for a param stepped in place: call accelerator.prepare(model, optimizer) before training, with "
+            "OptimizerConfig(bf16=False) and accelerate's mixed_precision (or, without accelerate, build the "
+            "optimizer after fully_shard)"
+        )
+
+    for i, now in moved.items():
+        entry = param_map.entries[i]
+        holder = holders[i] if holders else None
+        held = holder[0].get(holder[1]) if holder is not None else None
+        if held is None or id(held) != id(now):
+            raise refuse(entry.name, "a tensor the model does not hold under that name")
+        if not entry.aliased or entry.working or entry.part is not None:
+            raise refuse(entry.name, "a param the optimizer steps through a copy (bf16/fp16 fp32 main params, a working copy or a shard)")
+        if tuple(now.shape) != tuple(entry.model.shape):
+            raise refuse(entry.name, f"shape {tuple(now.shape)} instead of {tuple(entry.model.shape)}")
+        if entry.main is not None and state.get(entry.main):
+            raise refuse(entry.name, "optimizer state for the old param (a step was taken before)")
+    entries = list(param_map.entries)
+    for i, now in moved.items():
+        old = entries[i].model
+        for key, value in old.__dict__.items():  # routing attributes FSDP2 drops (qkv_split_shapes, tags)
+            now.__dict__.setdefault(key, value)
+        entries[i] = dataclasses.replace(entries[i], model=now, main=now)
+    return dataclasses.replace(param_map, entries=tuple(entries))
 
 
 def _layout(layout: tuple[torch.dtype, torch.device, torch.Size]) -> str:
