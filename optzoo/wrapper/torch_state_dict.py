@@ -77,7 +77,9 @@ def to_torch_format(named: Mapping[str, Any], param_groups: list[dict[str, Any]]
             state[position[entry.name]] = values
     groups = []
     for live, entries in zip(param_groups, param_map.local_by_group(), strict=True):
-        group = {key: value for key, value in live.items() if key != "params"}
+        # matrix_views (how the forward views each param) is the model's to say, not the
+        # checkpoint's: kept as a key, since torch's flattened form restores the live keys, but empty
+        group = {key: None if key == "matrix_views" else value for key, value in live.items() if key != "params"}
         group["params"] = [position[entry.name] for entry in entries]
         if named.get("grad_scaler") is not None:
             group["grad_scaler"] = named["grad_scaler"]
