@@ -110,8 +110,8 @@ def from_torch_format(state_dict: Mapping[str, Any], param_map: ParamMap) -> dic
     if len(saved_groups) != len(local):
         raise ValueError(
             f"`state_dict`: a torch-format state dict with {len(saved_groups)} param groups; got "
-            f"[{shorten([len(g['params']) for g in saved_groups])}] params per group; expected {len(local)} groups "
-            f"of [{shorten([len(entries) for entries in local])}] params, as this optimizer's"
+            f"[{shorten([str(len(g['params'])) for g in saved_groups])}] params per group; expected {len(local)} groups "
+            f"of [{shorten([str(len(entries)) for entries in local])}] params, as this optimizer's"
         )
     group_names = param_map.group_names()
     saved_state = state_dict.get("state", {})
