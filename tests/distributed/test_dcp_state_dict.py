@@ -37,7 +37,7 @@ def _whole(value: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
-        return value.full_tensor()
+        return value.full_tensor().clone()  # on a 1-rank mesh it is the live local tensor
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
@@ -197,3 +197,66 @@ def test_copied_main_params_refused_by_name() -> None:
     opt = get_optimizer(CONFIG.replace(bf16=True), model)
     with pytest.raises(ValueError, match=re.escape("torch's get_optimizer_state_dict: this optimizer steps copies of [")):
         get_optimizer_state_dict(model, opt)
+
+
+# ---- optzoo.distributed.save_dcp/load_dcp under FSDP2 ---------------------------------------------
+
+BF16 = CONFIG.replace(bf16=True)  # bf16 params, fp32 main params: these must come back from the checkpoint
+
+
+def _bf16_fsdp_model(world_size: int, seed: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(seed)
+    model = tiny_gpt().to(torch.bfloat16)
+    _fully_shard(model, init_device_mesh("cpu", (world_size,)))
+    return model
+
+
+def _snapshot_with_mains(model: Any, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    return {**_snapshot(model, opt), "mains": {n: _whole(v) for n, v in opt.state_dict()["main_params"].items()}}
+
+
+def _save_dcp_then_continue(rank: int, world_size: int, checkpoint: str) -> dict[str, Any]:
+    from optzoo.distributed import save_dcp
+
+    model = _bf16_fsdp_model(world_size, 0)
+    opt = get_optimizer(BF16, model)
+    _train(model, opt, range(SAVED_AT), _rows(rank, world_size))
+    save_dcp(opt, checkpoint)
+    torch.save({n: _whole(p) for n, p in model.state_dict().items()}, f"{checkpoint}/model{rank}.pt")
+    at_save = _snapshot_with_mains(model, opt)
+    _train(model, opt, range(SAVED_AT, STEPS), _rows(rank, world_size))
+    return {"at_save": at_save, "end": _snapshot_with_mains(model, opt)}
+
+
+def _load_dcp_then_continue(rank: int, world_size: int, checkpoint: str) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from optzoo.distributed import load_dcp
+
+    model = _bf16_fsdp_model(world_size, 1)
+    set_model_state_dict(model, torch.load(f"{checkpoint}/model0.pt"), options=StateDictOptions(full_state_dict=True))
+    opt = get_optimizer(BF16, model)
+    load_dcp(opt, checkpoint)
+    loaded = _snapshot_with_mains(model, opt)
+    _train(model, opt, range(SAVED_AT, STEPS), _rows(rank, world_size))
+    return {"loaded": loaded, "end": _snapshot_with_mains(model, opt)}
+
+
+@pytest.mark.slow
+def test_save_dcp_under_fsdp2_reshards_with_fp32_main_params(tmp_path: Path) -> None:
+    checkpoint = str(tmp_path / "fsdp2")
+    reference = run_ranks(WORLD_SIZE, _save_dcp_then_continue, checkpoint)
+    assert reference[0]["at_save"]["mains"] and all(v.dtype == torch.float32 for v in reference[0]["at_save"]["mains"].values())
+    (one,) = run_ranks(1, _load_dcp_then_continue, checkpoint)  # 2 ranks -> 1
+    _assert_bitwise(one["loaded"], reference[0]["at_save"], "save_dcp 2 ranks -> 1")
+    resumed = run_ranks(WORLD_SIZE, _load_dcp_then_continue, checkpoint)  # 2 ranks -> 2, continued
+    for rank in range(WORLD_SIZE):
+        for key in ("at_save", "end"):
+            got = resumed[rank]["loaded" if key == "at_save" else "end"]
+            _assert_bitwise(got, reference[rank][key], f"save_dcp 2 ranks -> 2 ({key})")
+            for name, main in reference[rank][key]["mains"].items():
+                assert torch.equal(got["mains"][name], main), (key, name)
+        for name, param in reference[rank]["end"]["params"].items():
+            assert torch.equal(resumed[rank]["end"]["params"][name], param), name

@@ -87,7 +87,7 @@ def _whole(value: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
-        return value.full_tensor()
+        return value.full_tensor().clone()  # on a 1-rank mesh it is the live local tensor
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
