@@ -59,9 +59,10 @@ of ``DistributedDataParallel``/``DataParallel``, see :func:`canonical_name`)."""
 def canonical_name(name: str, root: torch.nn.Module | None = None) -> str:
     """``name`` without the components wrappers add, as torch's DCP names params (its ``_get_fqns``).
 
-    With ``root`` (the module ``name`` is relative to), ``module`` is dropped where it is a
-    ``DistributedDataParallel``/``DataParallel``'s wrapped module; without, a leading ``module.``
-    is (a checkpoint key, whose model is not at hand).
+    With ``root`` (the module ``name`` is relative to), ``module`` is dropped where its parent only
+    wraps it: torch's ``DistributedDataParallel`` and ``DataParallel``, and wrappers built the same
+    way (Megatron-Core's DDP and ``Float16Module``: one child called ``module``, no params of their
+    own); without, a leading ``module.`` is (a checkpoint key, whose model is not at hand).
 
     Example:
         >>> canonical_name("_orig_mod.module.layers.0._checkpoint_wrapped_module.w")
@@ -72,14 +73,23 @@ def canonical_name(name: str, root: torch.nn.Module | None = None) -> str:
     for index, part in enumerate(name.split(".")):
         if part in WRAPPER_ATTRIBUTES:
             pass
-        elif part == "module" and (
-            isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) if root is not None else not kept
-        ):
+        elif part == "module" and (_wraps_one_module(module) if root is not None else not kept):
             pass
         else:
             kept.append(part)
         module = getattr(module, part, None) if isinstance(module, torch.nn.Module) and index < name.count(".") else None
     return ".".join(kept)
+
+
+def _wraps_one_module(module: object) -> bool:
+    """Whether ``module`` only wraps its child ``module`` (as DDP does), so the name says nothing."""
+    if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        return True
+    return (
+        isinstance(module, torch.nn.Module)
+        and list(module._modules) == ["module"]
+        and not module._parameters
+    )
 
 
 def part_of(tensor: torch.Tensor, part: Part) -> torch.Tensor:

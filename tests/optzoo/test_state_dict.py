@@ -281,3 +281,25 @@ def test_checkpoint_without_any_state_still_loads() -> None:
     opt = _trained(_two_layers(), config)
     opt.load_state_dict(fresh)
     assert opt.state_dict()["state"] == {}
+
+
+def test_a_wrapper_built_as_ddp_drops_module_but_a_real_submodule_named_module_stays() -> None:
+    """Megatron-Core's DDP and Float16Module wrap as torch's DDP does (one child `module`, no params of
+    their own); a model whose own layer is called `module` keeps the name."""
+
+    class Float16Module(torch.nn.Module):  # Megatron-Core's shape: self.module = model
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    class Owner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 2)
+
+    config = OptimizerConfig(lr=1e-2, optimizer="adam")
+    wrapped = get_optimizer(config, Float16Module(_two_layers())).state_dict()
+    assert sorted(n for g in wrapped["param_groups"] for n in g["param_names"]) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    own = get_optimizer(config, Owner()).state_dict()
+    assert sorted(n for g in own["param_groups"] for n in g["param_names"]) == ["head.bias", "head.weight", "module.bias", "module.weight"]
