@@ -68,6 +68,14 @@ class OptimizersContainer(_TitanContainer):  # type: ignore[misc]  # torchtitan 
                 f"`OptimizersContainer.Config.optimizer`: needs optzoo's config; got {type(config.optimizer).__name__}; "
                 "expected optzoo.OptimizerConfig(...)"
             )
+        unused = {"param_groups": [], "implementation": "fused", "optimizer_factory_kwargs_by_name": {}}
+        for field, default in unused.items():  # torchtitan's own routing and kernel choice: optzoo makes both
+            if getattr(config, field) != default:
+                raise ValueError(
+                    f"`OptimizersContainer.Config.{field}`: torchtitan's setting, which optzoo's routing replaces; "
+                    f"got {getattr(config, field)!r}; expected it unset ({default!r}): route with `config_overrides` "
+                    "(optzoo picks the kernel for the device)"
+                )
         self.model_parts = list(model_parts)
         self.optimizers = [get_optimizer(config.optimizer, part, config.config_overrides) for part in self.model_parts]
         params = [p for part in self.model_parts for p in part.parameters() if p.requires_grad]

@@ -165,3 +165,5 @@ def test_container_protocol_on_one_process() -> None:
     assert all(p.grad is None for part in parts for p in part.parameters())
     with pytest.raises(TypeError, match=r"needs optzoo's config; got NoneType"):
         OptimizersContainer.Config().build(model_parts=parts)
+    with pytest.raises(ValueError, match=r"^`OptimizersContainer.Config.implementation`: torchtitan's setting, which optzoo's routing replaces; got 'foreach'"):
+        OptimizersContainer.Config(optimizer=OptimizerConfig(lr=1.0), implementation="foreach").build(model_parts=parts)
