@@ -260,3 +260,44 @@ def test_save_dcp_under_fsdp2_reshards_with_fp32_main_params(tmp_path: Path) -> 
                 assert torch.equal(got["mains"][name], main), (key, name)
         for name, param in reference[rank]["end"]["params"].items():
             assert torch.equal(resumed[rank]["end"]["params"][name], param), name
+
+
+class _Delegating(torch.optim.Optimizer):
+    """A framework's wrapper between torch's API and optzoo, shaped as accelerate's
+    ``AcceleratedOptimizer`` (its ``state_dict`` calls the wrapped optimizer's)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: D107 - no torch init, as accelerate's
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.optimizer.load_state_dict(state_dict)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+
+def test_a_framework_wrapper_in_between_still_gets_torchs_format() -> None:
+    torch.manual_seed(0)
+    model = tiny_gpt()
+    inner = get_optimizer(CONFIG, model)
+    _train(model, inner, range(SAVED_AT), slice(None))
+    expected = _snapshot(model, inner)
+    saved = get_optimizer_state_dict(model, _Delegating(inner))
+    assert "decoder.final_layernorm.weight" in saved["state"]
+    fresh = get_optimizer(CONFIG, model)
+    set_optimizer_state_dict(model, _Delegating(fresh), copy.deepcopy(saved))
+    _assert_bitwise(_snapshot(model, fresh), expected, "through a wrapper")
