@@ -2,7 +2,9 @@
 
 Each rank writes only the shards it owns, under keys such as ``state/<name>/<key>@start:stop``
 (the element range of the flattened param); on load each rank reads only the saved shards that
-overlap its own, so a checkpoint saved on N ranks loads on M.
+overlap its own, so a checkpoint saved on N ranks loads on M. Under FSDP2 (DTensor params, no
+distributed-optimizer flag) the state is DTensors already: each is saved under
+``fsdp/state/<name>/<key>`` (fp32 main params under ``fsdp/main/<name>``) and DCP reshards it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -25,6 +28,7 @@ from optzoo.wrapper.state_dict import check_param_shapes
 
 __all__ = ["load_dcp", "save_dcp"]
 
+_FSDP = "fsdp"
 _KEY = re.compile(r"^(?P<kind>state|main)/(?P<name>.+?)(?:/(?P<key>[^/@]+))?@(?P<start>\d+):(?P<stop>\d+)$")
 
 
@@ -40,12 +44,25 @@ def _dcp_items(optimizer: DistributedOptimizer) -> dict[str, Any]:
     return items
 
 
+def _is_fsdp2(optimizer: object) -> bool:
+    """An optimizer over FSDP2 (``fully_shard``) params: DTensor model params, reduced over a process group."""
+    return (
+        isinstance(optimizer, MixedPrecisionOptimizer)
+        and not isinstance(optimizer, DistributedOptimizer)
+        and optimizer.process_group is not None
+        and any(isinstance(entry.model, DTensor) for entry in optimizer.param_map.entries)
+    )
+
+
 def _check_distributed(optimizer: object, function: str) -> None:
+    if _is_fsdp2(optimizer):
+        return
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(
             f"`{function}`: needs a distributed optimizer; got {type(optimizer).__name__}; expected the "
             "DistributedOptimizer get_optimizer returns with use_distributed_optimizer or "
-            "use_layer_wise_distributed_optimizer (a single process saves with state_dict())"
+            "use_layer_wise_distributed_optimizer, or one over FSDP2 (fully_shard) params "
+            "(a single process saves with state_dict())"
         )
     if optimizer.expert_layout is not None:
         raise ValueError(
@@ -55,19 +72,29 @@ def _check_distributed(optimizer: object, function: str) -> None:
         )
 
 
-def save_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
+def save_dcp(optimizer: MixedPrecisionOptimizer, checkpoint_id: str) -> None:
     """Save with ``torch.distributed.checkpoint``: each rank writes the shards it owns.
 
-    A collective. Loads with any number of ranks (:func:`load_dcp`).
+    A collective. Loads with any number of ranks (:func:`load_dcp`). Takes the distributed
+    optimizers and, under FSDP2 (``fully_shard``), the optimizer over its DTensor params, whose
+    state DCP reshards as it is (fp32 main params of 16-bit params included).
     """
     _check_distributed(optimizer, "save_dcp")
+    if _is_fsdp2(optimizer):
+        named = MixedPrecisionOptimizer.state_dict(optimizer)
+        fsdp: dict[str, Any] = {f"{_FSDP}/state/{n}/{k}": v for n, values in named["state"].items() for k, v in values.items()}
+        fsdp |= {f"{_FSDP}/main/{n}": main for n, main in named["main_params"].items()}
+        fsdp["meta"] = pickle.dumps({k: v for k, v in named.items() if k not in ("state", "main_params")})
+        dcp_save(fsdp, checkpoint_id=checkpoint_id)
+        return
+    assert isinstance(optimizer, DistributedOptimizer)  # _check_distributed refused the rest
     items = _dcp_items(optimizer)
     full = {k: v for k, v in MixedPrecisionOptimizer.state_dict(optimizer).items() if k not in ("state", "main_params")}
     items["meta"] = pickle.dumps(full)  # one opaque entry, not flattened by dcp
     dcp_save(items, checkpoint_id=checkpoint_id)
 
 
-def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
+def load_dcp(optimizer: MixedPrecisionOptimizer, checkpoint_id: str) -> None:
     """Load a :func:`save_dcp` checkpoint saved with any number of ranks. A collective.
 
     A checkpoint of another model (other param shapes) is refused with the same ``ValueError``
@@ -80,6 +107,10 @@ def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
     """
     _check_distributed(optimizer, "load_dcp")
     metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+    if _is_fsdp2(optimizer):
+        _load_fsdp2(optimizer, checkpoint_id, metadata)
+        return
+    assert isinstance(optimizer, DistributedOptimizer)  # _check_distributed refused the rest
     saved: dict[tuple[str, str, str | None], list[tuple[int, int, str]]] = {}
     for key in metadata:
         match = _KEY.match(key)
@@ -104,6 +135,48 @@ def load_dcp(optimizer: DistributedOptimizer, checkpoint_id: str) -> None:
         raise
     agree_on_error(None, optimizer.process_group, "load_dcp")
     optimizer.load_state_dict(loaded)
+
+
+def _fsdp_key(key: str) -> tuple[str, str, str | None] | None:
+    """``(kind, param name, state key)`` of a key :func:`save_dcp` writes under FSDP2, else ``None``."""
+    if key.startswith(f"{_FSDP}/main/"):
+        return "main", key[len(f"{_FSDP}/main/") :], None
+    if key.startswith(f"{_FSDP}/state/"):
+        name, _, state_key = key[len(f"{_FSDP}/state/") :].rpartition("/")
+        return "state", name, state_key
+    return None
+
+
+def _load_fsdp2(optimizer: MixedPrecisionOptimizer, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
+    """Load a checkpoint :func:`save_dcp` wrote under FSDP2, on any number of ranks: each whole-param
+    entry is read into a DTensor sharded as its param now is, anything else whole."""
+    wanted: dict[str, Any] = {"meta": b""}
+    for key, properties in metadata.items():
+        parsed = _fsdp_key(key)
+        entry = optimizer.param_map.entry(parsed[1]) if parsed else None
+        if entry is None or entry.main is None:
+            continue  # another model's param: the loader names it, from the saved groups
+        size = getattr(properties, "size", None)
+        if size is None:
+            wanted[key] = b""  # a non-tensor entry: replaced by dcp.load
+        elif tuple(size) == tuple(entry.model.shape) and isinstance(entry.main, DTensor):
+            wanted[key] = torch.empty_like(entry.main, dtype=properties.properties.dtype)
+        else:
+            wanted[key] = torch.empty(size, dtype=properties.properties.dtype)
+    dcp_load(wanted, checkpoint_id=checkpoint_id)
+    meta = pickle.loads(wanted.pop("meta"))  # noqa: S301 - unpickles, as torch.load does: load only trusted checkpoints
+    state: dict[str, dict[str, Any]] = {}
+    mains: dict[str, Any] = {}
+    for key, value in wanted.items():
+        parsed = _fsdp_key(key)
+        assert parsed is not None  # only such keys were asked for
+        kind, name, state_key = parsed
+        if kind == "main":
+            mains[name] = value
+        else:
+            assert state_key is not None  # state keys always name their entry
+            state.setdefault(name, {})[state_key] = value
+    optimizer.load_state_dict({**meta, "state": state, "main_params": mains})
 
 
 def _loaded_state(

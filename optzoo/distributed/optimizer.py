@@ -297,6 +297,12 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         param_shapes = {**merged["param_shapes"], **{name: list(shape) for name, (_, shape) in layout.elsewhere.items()}}
         return {**merged, "param_groups": groups, "param_shapes": param_shapes}
 
+    def _torch_state_dict(self) -> dict[str, Any]:
+        raise _torch_api_refused("get_optimizer_state_dict")
+
+    def _from_torch_format(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        raise _torch_api_refused("a torch-format state dict")
+
     def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """As :meth:`MixedPrecisionOptimizer.load_state_dict`; under expert parallelism with global
         expert names, the experts other ranks hold are skipped (and must be in the checkpoint)."""
@@ -326,6 +332,17 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def _expert_names(self) -> set[str]:
         assert self.expert_plan is not None
         return {shard.name for shard in self.expert_plan.shards}
+
+
+def _torch_api_refused(what: str) -> ValueError:
+    # torch's format is per process and keyed by position: each rank here holds other params (or
+    # element ranges of them) of a model replicated on every rank, which DCP would save as one.
+    return ValueError(
+        f"torch's DCP state-dict API ({what}): not supported by the distributed optimizer, whose ranks each step "
+        "their own params or element ranges of a replicated model; got a DistributedOptimizer; expected "
+        "optzoo.distributed.save_dcp/load_dcp (each rank writes its shards) or optimizer.state_dict() "
+        "(consolidated), or FSDP2 (fully_shard) without a distributed-optimizer flag"
+    )
 
 
 def _without(saved: Mapping[str, Any], names: set[str]) -> dict[str, Any]:

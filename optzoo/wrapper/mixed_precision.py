@@ -41,6 +41,7 @@ from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
 from optzoo.wrapper.param_map import ParamMap, follow_repointed_params
 from optzoo.wrapper.scalers import MegatronGradScaler
 from optzoo.wrapper.state_dict import load_state_dict_, state_dict_of
+from optzoo.wrapper.torch_state_dict import called_by_torch_state_dict_api, from_torch_format, is_torch_format, to_torch_format
 
 __all__ = [
     "FP32Optimizer",
@@ -621,10 +622,12 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
 
         Tensors are the live ones, as in torch; ``torch.save`` (or a deep copy) snapshots them.
         Hooks registered with ``register_state_dict_pre_hook``/``_post_hook`` run as in torch.
+        Called by torch's DCP state-dict API (``get_optimizer_state_dict``), it answers in
+        torch.optim's format, which that API reads (:mod:`optzoo.wrapper.torch_state_dict`).
         """
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
-        state_dict = self._state_dict()
+        state_dict = self._torch_state_dict() if called_by_torch_state_dict_api() else self._state_dict()
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, state_dict)
             if result is not None:
@@ -637,8 +640,15 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
         )
 
+    def _torch_state_dict(self) -> dict[str, Any]:
+        """Override point: this process's state in torch.optim's format, for torch's DCP state-dict API."""
+        return to_torch_format(MixedPrecisionOptimizer._state_dict(self), self.param_groups, self.param_map)
+
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore groups' hyperparameters and state, matching parameters by name.
+
+        Also takes torch.optim's format (``params`` by position, or by the names torch's DCP
+        ``set_optimizer_state_dict`` puts there), matched to this optimizer's params in order.
 
         Everything is checked before anything changes: a name that exists on one side only,
         a group whose members differ, or a group that changed optimizer is a ``ValueError``
@@ -650,9 +660,15 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             result = pre_hook(self, state_dict)  # type: ignore[arg-type]  # torch types it dict; any mapping loads
             if result is not None:
                 state_dict = result
+        if is_torch_format(state_dict):
+            state_dict = self._from_torch_format(state_dict)
         self._load_state_dict(state_dict)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
+
+    def _from_torch_format(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        """Override point: a torch-format state dict as optzoo's name-keyed one."""
+        return from_torch_format(state_dict, self.param_map)
 
     def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Override point: the checked load, between the hooks."""

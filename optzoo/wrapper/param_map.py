@@ -24,6 +24,7 @@ from optzoo.config import OptimizerConfig
 from optzoo.groups import ResolvedGroup
 
 __all__ = [
+    "canonical_name",
     "GradSource",
     "GradTarget",
     "ParamEntry",
@@ -51,6 +52,48 @@ copy in :attr:`ParamMap.decoupled_grad_dtype`, where the precision-aware Adam re
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 
 
+WRAPPER_ATTRIBUTES = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+"""Name components that wrappers add and torch's DCP leaves out of canonical names: torch.compile's
+``OptimizedModule``, FSDP1's wrapped module, activation checkpointing's wrapper (and ``module``
+of ``DistributedDataParallel``/``DataParallel``, see :func:`canonical_name`)."""
+
+
+def canonical_name(name: str, root: torch.nn.Module | None = None) -> str:
+    """``name`` without the components wrappers add, as torch's DCP names params (its ``_get_fqns``).
+
+    With ``root`` (the module ``name`` is relative to), ``module`` is dropped where its parent only
+    wraps it: torch's ``DistributedDataParallel`` and ``DataParallel``, and wrappers built the same
+    way (Megatron-Core's DDP and ``Float16Module``: one child called ``module``, no params of their
+    own); without, a leading ``module.`` is (a checkpoint key, whose model is not at hand).
+
+    Example:
+        >>> canonical_name("_orig_mod.module.layers.0._checkpoint_wrapped_module.w")
+        'layers.0.w'
+    """
+    kept: list[str] = []
+    module: object = root
+    for index, part in enumerate(name.split(".")):
+        if part in WRAPPER_ATTRIBUTES:
+            pass
+        elif part == "module" and (_wraps_one_module(module) if root is not None else not kept):
+            pass
+        else:
+            kept.append(part)
+        module = getattr(module, part, None) if isinstance(module, torch.nn.Module) and index < name.count(".") else None
+    return ".".join(kept)
+
+
+def _wraps_one_module(module: object) -> bool:
+    """Whether ``module`` only wraps its child ``module`` (as DDP does), so the name says nothing."""
+    if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        return True
+    return (
+        isinstance(module, torch.nn.Module)
+        and list(module._modules) == ["module"]
+        and not module._parameters
+    )
+
+
 def part_of(tensor: torch.Tensor, part: Part) -> torch.Tensor:
     """``tensor`` itself, or the flat view of its elements ``part``."""
     return tensor if part is None else tensor.view(-1)[part[0] : part[1]]
@@ -61,9 +104,11 @@ class ParamEntry:
     """One trainable parameter, as this process steps it."""
 
     name: str
-    """Its unique (first) name, chunk-qualified when there are several model chunks."""
+    """Its unique (first) name, chunk-qualified when there are several model chunks, without the
+    components wrappers add (``_orig_mod.``, DDP's ``module.``: :func:`canonical_name`), so a
+    checkpoint saved under torch.compile or DDP loads into the bare model and back."""
     names: tuple[str, ...]
-    """Every name it has (a tied weight has several); ``names[0] == name``."""
+    """Every name it has (a tied weight has several), canonical as ``name``; ``names[0] == name``."""
     group: int
     """Index of its resolved group (the same index in ``param_groups``)."""
     model: torch.Tensor
@@ -183,8 +228,10 @@ class ParamMap:
         )
 
     def entry(self, name: str) -> ParamEntry | None:
-        """The entry called ``name`` (any of its tied names), or ``None``."""
-        return self._by_name.get(name)
+        """The entry called ``name`` (any of its tied names, with or without wrapper prefixes such
+        as ``_orig_mod.`` or ``module.``: see :func:`canonical_name`), or ``None``."""
+        found = self._by_name.get(name)
+        return found if found is not None else self._by_name.get(canonical_name(name))
 
     def group_names(self) -> list[list[str]]:
         """Every group's param names (first names), owned here or not."""
@@ -348,6 +395,13 @@ def build_param_map(
             working = part is None and not copied and not isinstance(param, DTensor) and not dense_layout(param)
             main = _main_tensor(param, part, copied, working, names[0]) if local else None
             target: GradTarget = "decoupled" if precision_aware else "fp32_copy" if copied else "shared"
+            if model_chunks is not None:  # chunk-local names, each under its chunk's prefix (chunkN.)
+                names = tuple(dict.fromkeys(
+                    n[: len(n) - len(raw)] + canonical_name(raw, model_chunks[chunk])
+                    for n, raw, chunk in zip(names, routed.names, routed.chunks)
+                ))  # fmt: skip
+            else:
+                names = tuple(dict.fromkeys(canonical_name(n) for n in names))
             entries.append(ParamEntry(names[0], names, group.index, param, main, part, not (copied or working), target, working))
             holders.append(_holder(model_chunks, routed.chunks[0], routed.names[0]) if model_chunks is not None else None)
     return ParamMap(

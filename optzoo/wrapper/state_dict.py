@@ -213,6 +213,16 @@ def _prepare_load(
             continue
         new_state[entry.main] = {key: _load_value(entry.main, key, value, group) for key, value in sliced.items()}
 
+    # A checkpoint with state for some params but none for one this optimizer has stepped would
+    # silently restart that param's moments (a checkpoint without any state, never stepped, loads).
+    dropped = [e.name for e in param_map.local if e.main is not None and state.get(e.main) and e.main not in new_state]
+    if state_dict["state"] and dropped:
+        raise ValueError(
+            f"`state_dict`: no optimizer state for params stepped here; got a checkpoint with state for "
+            f"{len(state_dict['state'])} params but none for [{shorten(dropped, 5)}]; expected state for every "
+            "param this optimizer has state for (or a checkpoint saved before any step, without state)"
+        )
+
     # A distributed load (DCP) may carry only this rank's main params: each must be there, and
     # none may be for a param that has no fp32 copy here.
     with_main = {entry.name for entry in param_map.entries if entry.master}

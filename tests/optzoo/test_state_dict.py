@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 
 import pytest
 import torch
@@ -180,3 +181,125 @@ def test_the_kernel_choice_is_this_processs_not_the_checkpoints() -> None:
     opt.load_state_dict(saved)
     assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(True, None)] * len(opt.param_groups)
     assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in saved["param_groups"]]
+
+
+# ---- wrapper prefixes and missing per-param state (issue 25, item 6) ----------------------------
+
+
+def _trained(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
+    opt = get_optimizer(config, model)
+    torch.manual_seed(3)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return opt
+
+
+def _two_layers() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+
+
+def _wrapped(kind: str, model: torch.nn.Module) -> torch.nn.Module:
+    if kind == "compile":
+        return torch.compile(model)  # an OptimizedModule: names gain `_orig_mod.` (never run, so never compiled)
+    if kind == "data_parallel":
+        return torch.nn.DataParallel(model)  # names gain `module.` (no GPU: it only wraps)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model[0] = checkpoint_wrapper(model[0])  # type: ignore[index]  # `0._checkpoint_wrapped_module.weight`
+    return model
+
+
+@pytest.mark.parametrize("kind", ["compile", "data_parallel", "checkpoint_wrapper"])
+def test_checkpoint_keys_are_canonical_and_load_across_wrappers(kind: str) -> None:
+    bare_names = [name for name, _ in _two_layers().named_parameters()]  # the expectation: the bare model's names
+    wrapped = _wrapped(kind, _two_layers())
+    assert [name for name, _ in wrapped.named_parameters()] != bare_names  # the wrapper does add a component
+    config = OptimizerConfig(lr=1e-2, optimizer="adam")
+    saved = copy.deepcopy(_trained(wrapped, config).state_dict())
+    assert sorted(saved["state"]) == sorted(bare_names)
+    assert sorted(n for g in saved["param_groups"] for n in g["param_names"]) == sorted(bare_names)
+    # torch's own API names them the same way (it keeps DataParallel's `module.`, which optzoo drops too)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    other = _wrapped(kind, _two_layers())
+    if kind != "data_parallel":
+        assert sorted(get_optimizer_state_dict(other, _trained(other, config))["state"]) == sorted(bare_names)
+    # wrapped -> bare, and bare -> wrapped, every tensor restored
+    bare_opt = get_optimizer(config, _two_layers())
+    bare_opt.load_state_dict(saved)
+    rewrapped = get_optimizer(config, _wrapped(kind, _two_layers()))
+    rewrapped.load_state_dict(copy.deepcopy(bare_opt.state_dict()))
+    for opt in (bare_opt, rewrapped):
+        got = opt.state_dict()["state"]
+        for name, values in saved["state"].items():
+            for key, value in values.items():
+                assert torch.equal(got[name][key], value), (name, key)
+
+
+def test_prefixed_checkpoint_keys_of_older_saves_still_load() -> None:
+    """A checkpoint written with DDP's `module.` in its keys (before names were canonical) loads into the bare model."""
+    config = OptimizerConfig(lr=1e-2, optimizer="adam")
+    saved = copy.deepcopy(_trained(_two_layers(), config).state_dict())
+    prefixed = {
+        **saved,
+        "state": {f"module.{n}": v for n, v in saved["state"].items()},
+        "param_groups": [{**g, "param_names": [f"module.{n}" for n in g["param_names"]]} for g in saved["param_groups"]],
+    }
+    opt = get_optimizer(config, _two_layers())
+    opt.load_state_dict(prefixed)
+    assert torch.equal(opt.state_dict()["state"]["0.weight"]["exp_avg"], saved["state"]["0.weight"]["exp_avg"])
+
+
+def test_checkpoint_missing_a_stepped_params_state_is_refused_before_anything_changes() -> None:
+    config = OptimizerConfig(lr=1e-2, optimizer="adam")
+    opt = _trained(_two_layers(), config)
+    before = copy.deepcopy(opt.state_dict())
+    damaged = copy.deepcopy(before)
+    for value in damaged["state"]["0.weight"].values():
+        if isinstance(value, torch.Tensor):
+            value.add_(1.0)  # so a partial load would show
+    del damaged["state"]["1.weight"], damaged["state"]["1.bias"]
+    expected = (
+        "`state_dict`: no optimizer state for params stepped here; got a checkpoint with state for 2 params but none for "
+        "[1.weight, 1.bias]; expected state for every param this optimizer has state for (or a checkpoint saved before "
+        "any step, without state)"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        opt.load_state_dict(damaged)
+    after = opt.state_dict()
+    for name, values in before["state"].items():
+        for key, value in values.items():
+            assert torch.equal(after["state"][name][key], value), (name, key)
+
+
+def test_checkpoint_without_any_state_still_loads() -> None:
+    """Saved before the first step: no state at all, which torch.optim loads too (the moments restart)."""
+    config = OptimizerConfig(lr=1e-2, optimizer="adam")
+    fresh = copy.deepcopy(get_optimizer(config, _two_layers()).state_dict())
+    assert fresh["state"] == {}
+    opt = _trained(_two_layers(), config)
+    opt.load_state_dict(fresh)
+    assert opt.state_dict()["state"] == {}
+
+
+def test_a_wrapper_built_as_ddp_drops_module_but_a_real_submodule_named_module_stays() -> None:
+    """Megatron-Core's DDP and Float16Module wrap as torch's DDP does (one child `module`, no params of
+    their own); a model whose own layer is called `module` keeps the name."""
+
+    class Float16Module(torch.nn.Module):  # Megatron-Core's shape: self.module = model
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    class Owner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 2)
+
+    config = OptimizerConfig(lr=1e-2, optimizer="adam")
+    wrapped = get_optimizer(config, Float16Module(_two_layers())).state_dict()
+    assert sorted(n for g in wrapped["param_groups"] for n in g["param_names"]) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    own = get_optimizer(config, Owner()).state_dict()
+    assert sorted(n for g in own["param_groups"] for n in g["param_names"]) == ["head.bias", "head.weight", "module.bias", "module.weight"]
