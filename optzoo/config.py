@@ -20,7 +20,7 @@ import torch
 
 from optzoo._common import INTERNAL_FILES, finite_number, invalid, show_value
 from optzoo.optimizers.adaptive_muon import Moment2Method
-from optzoo.optimizers.muon import FsdpOrthogonalize, ScaleMode
+from optzoo.optimizers.muon import FsdpOrthogonalize, MuonScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision, NewtonSchulzWarning, schedule_problem
 from optzoo.optimizers.registry import get_spec, registered_names
 
@@ -42,7 +42,6 @@ __all__ = [
     "validate_coefficient_type",
 ]
 
-MuonScaleMode = ScaleMode
 MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
 MuonMatmulPrecision = MatmulPrecision
@@ -193,7 +192,12 @@ class OptimizerConfig:
     muon_nesterov: bool = False
     """Nesterov-style momentum in Muon."""
     muon_scale_mode: str = "spectral"
-    """How Muon scales the orthogonalised update; one of :data:`MuonScaleMode`."""
+    """How Muon scales the orthogonalised update of an ``r × c`` matrix; one of :data:`MuonScaleMode`:
+    ``spectral`` ``√max(r, c)`` (Megatron-Core's default: update RMS about ``lr``), ``unit_rms_norm``
+    ``√(r/c)``, ``shape_scaling`` ``√max(1, r/c)``, or ``torch.optim.Muon``'s ``adjust_lr_fn`` names,
+    which port its ``lr`` unchanged: ``original`` (= ``shape_scaling``), ``match_rms_adamw``
+    (``0.2·√max(r, c)``, Moonlight) and ``spectral_unclamped`` (= ``unit_rms_norm``). Table of
+    conventions: docs/optimizers.md#learning-rate-conventions."""
     muon_fp32_matmul_prec: str = "medium"
     """Matmul precision inside Newton-Schulz; one of :data:`MuonMatmulPrecision`."""
     muon_coefficient_type: str = "quintic"
