@@ -1,9 +1,10 @@
 """Muon's learning-rate conventions across libraries, as optzoo settings, with measured update RMS.
 
-Run: ``.venv/bin/python -m benchmarks.lr_conventions [--no-torch]`` (about a minute on 2 cores).
+Run: ``.venv/bin/python -m benchmarks.lr_conventions [--no-torch]``.
 It prints the table of docs/optimizers.md#learning-rate-conventions: for each library's
 convention, the optzoo settings that reproduce it, the factor ``s(r, c)`` on the orthogonalised
-update of an ``r × c`` matrix (``W ← W − lr·s(r, c)·NS(M)``), and the RMS of one update of a
+update of an ``r × c`` matrix (``W ← W − lr·s(r, c)·NS(M)``; the settings drop the ``muon_``
+prefix of their field names), and the RMS of one update of a
 ``1024 × 1024``, ``1024 × 4096`` and ``4096 × 1024`` matrix at ``lr = 0.02`` (rows are fan-out).
 Each is one step of ``get_optimizer``'s Muon from a fresh state, on a Gaussian gradient (seed 0),
 weight decay off (so the update is the orthogonalised direction alone) and float32 Newton–Schulz
@@ -118,7 +119,9 @@ def _shape_headers() -> list[str]:
 
 
 def _settings_text(settings: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in settings.items() if k != "lr")
+    """The fields besides ``lr``, scale first, in the config's words (``muon_`` dropped to fit)."""
+    order = sorted((k for k in settings if k != "lr"), key=lambda k: k != "muon_scale_mode")
+    return ", ".join(f"{k.removeprefix('muon_')}={settings[k]!r}" for k in order)
 
 
 def conventions_table(*, fmt: str = "github") -> str:
@@ -127,7 +130,7 @@ def conventions_table(*, fmt: str = "github") -> str:
         [c.library, c.theirs, _settings_text(c.settings), c.factor, *(f"{update_rms(c.settings, s):.2e}" for s in SHAPES)]
         for c in CONVENTIONS
     ]
-    return tabulate(rows, headers=["convention", "its setting", "optzoo settings", "s(r, c)", *_shape_headers()], tablefmt=fmt)
+    return tabulate(rows, headers=["convention", "its setting", "optzoo settings", "s(r, c)", *_shape_headers()], tablefmt=fmt, disable_numparse=True)
 
 
 def torch_table(*, fmt: str = "github") -> str:
@@ -136,7 +139,7 @@ def torch_table(*, fmt: str = "github") -> str:
         [f"torch.optim.Muon(adjust_lr_fn={name!r})", *(f"{torch_update_rms(name, s):.2e}" for s in SHAPES)]
         for name in ("original", "match_rms_adamw", "spectral_unclamped")
     ]
-    return tabulate(rows, headers=["measured with torch itself (bf16 Newton–Schulz)", *_shape_headers()], tablefmt=fmt)
+    return tabulate(rows, headers=["measured with torch itself (bf16 Newton–Schulz)", *_shape_headers()], tablefmt=fmt, disable_numparse=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
