@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from optzoo._common import MatrixView, finite_number, jsonable, show_value
-from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
+from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig, canonical_optimizer_name, field_habit
 from optzoo.optimizers.registry import OptimizerSpec, Placement, get_spec
 from optzoo.routing import ExampleInputs, ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
@@ -35,11 +35,12 @@ ALLOWED_OVERRIDE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(GROUP_FIELDS + SCHE
 
 
 def get_standard_config_overrides(config: OptimizerConfig) -> dict[ParamKey, dict[str, Any]]:
-    """The overrides used when ``config_overrides is None`` (Megatron-Core's defaults).
+    """The standard overrides (Megatron-Core's defaults): what ``config_overrides=None`` applies,
+    and what lies under an explicit ``config_overrides`` unless ``config.standard_overrides`` is False.
 
     No weight decay on biases and 1-D parameters (``q_layernorm``/``k_layernorm`` keep it with
     ``apply_wd_to_qk_layernorm``), and ``decoupled_lr``/``decoupled_min_lr`` on parameters
-    tagged ``is_embedding_or_output_parameter``. Merge your own keys on top of the result.
+    tagged ``is_embedding_or_output_parameter``.
 
     Example:
         >>> overrides = get_standard_config_overrides(OptimizerConfig(lr=1e-3, decoupled_lr=1e-4))
@@ -58,8 +59,9 @@ def normalize_overrides(
 ) -> dict[ParamKey, dict[str, Any]]:
     """Check override field names and turn ``OptimizerConfig`` values into dicts.
 
-    ``None`` means the standard overrides; ``{}`` means no overrides at all (Megatron-Core's
-    distinction, pinned by a test).
+    ``None`` means the standard overrides; a dict is itself here (``{}``: none), and
+    :func:`resolve_group_configs` lays the standard overrides under it unless
+    ``config.standard_overrides`` is False (Megatron-Core's meaning, pinned by a test).
     """
     if config_overrides is None:
         return get_standard_config_overrides(config)
@@ -84,6 +86,8 @@ def normalize_overrides(
         for field in fields:
             if field not in ALLOWED_OVERRIDE_KEYS:
                 model_wide = field in {f.name for f in dataclasses.fields(OptimizerConfig)}
+                if not model_wide and (meant := field_habit(field)) is not None:
+                    raise ValueError(f"`{subject}`: not an optzoo field; got {field!r}; expected {meant}")
                 problem = (
                     "field is model-wide and cannot differ per group"
                     if model_wide
@@ -93,6 +97,9 @@ def normalize_overrides(
                     f"`{subject}`: {problem}; got {field!r}; "
                     f"expected one of {list(ALLOWED_OVERRIDE_KEYS)}"
                 )
+        for field in ("optimizer", "muon_scalar_optimizer"):  # "AdamW" and "adam" agree, not conflict
+            if isinstance(fields.get(field), str):
+                fields[field] = canonical_optimizer_name(fields[field])
         normalized[key] = fields
     return normalized
 
@@ -248,12 +255,15 @@ def resolve_group_configs(
     """
     chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
     overrides = normalize_overrides(config, config_overrides)
-    if config_overrides is not None:
+    layered = config_overrides is not None and config.standard_overrides
+    if config_overrides is not None and not layered:
         _warn_if_decoupled_lr_is_unused(config, overrides)
-    # The standard rules are ours, not the user's: one that matches nothing is not a typo.
+    # The standard rules are ours, not the user's: one that matches nothing is not a typo. Under an
+    # explicit dict they are defaults, which its rules override field by field.
     routing = resolve_param_groups(
-        chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None, example_inputs=example_inputs, trace=trace
-    )
+        chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None, example_inputs=example_inputs,
+        trace=trace, defaults=get_standard_config_overrides(config) if layered else None,
+    )  # fmt: skip
     resolved: list[ResolvedGroup] = []
     for index, group in enumerate(routing.groups):
         rules = sorted({k for routed in group.params for k in routed.matched})
@@ -330,8 +340,19 @@ def _hand_off_to_fallback(
     for moved_params, why in ((declined, f"leaves {spec.declines_what}"), (moved, f"takes {spec.shapes}")):
         if moved_params:
             reason = f"auto: {spec.name} {why} -> {spec.fallback_field}={fallback!r}"
-            parts.append(_Part(config.replace(optimizer=fallback), tuple(moved_params), reason))
+            parts.append(_Part(config.replace(optimizer=fallback, **_scalar_lr(config)), tuple(moved_params), reason))
     return parts
+
+
+def _scalar_lr(config: OptimizerConfig) -> dict[str, Any]:
+    """The lr fields of the params handed to ``muon_scalar_optimizer``: ``muon_scalar_lr``, and the
+    schedule floor scaled with it, so their schedule is the base one times ``muon_scalar_lr / lr``."""
+    scalar_lr, lr, min_lr = config.muon_scalar_lr, config.lr, config.min_lr
+    if scalar_lr is None or scalar_lr == lr:
+        return {}
+    if min_lr is not None and lr:
+        min_lr = min_lr * (scalar_lr / lr)
+    return {"lr": scalar_lr, "min_lr": min_lr}
 
 
 def place(spec: OptimizerSpec, param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:
