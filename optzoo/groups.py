@@ -20,6 +20,7 @@ from optzoo.routing import ExampleInputs, ParamKey, RoutedParam, Routing, resolv
 
 __all__ = [
     "ALLOWED_OVERRIDE_KEYS",
+    "LINKED_FIELDS",
     "OverrideValue",
     "ResolvedGroup",
     "get_standard_config_overrides",
@@ -32,6 +33,11 @@ OverrideValue = Mapping[str, Any] | OptimizerConfig
 """An override: a dict of field names, or an ``OptimizerConfig`` meaning its differing fields."""
 
 ALLOWED_OVERRIDE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(GROUP_FIELDS + SCHEDULE_KEYS))
+
+LINKED_FIELDS: tuple[tuple[str, ...], ...] = (("lr", "max_lr", "min_lr"), ("weight_decay", "wd_mult", "start_wd", "end_wd"))
+"""Override fields that say one thing together: a user rule that sets one of a set replaces the
+standard overrides' whole set for its params (its ``lr`` beats ``decoupled_lr``'s ``max_lr``, its
+``weight_decay`` the no-decay rule's ``wd_mult = 0``)."""
 
 
 def get_standard_config_overrides(config: OptimizerConfig) -> dict[ParamKey, dict[str, Any]]:
@@ -228,8 +234,9 @@ def _warn_if_decoupled_lr_is_unused(config: OptimizerConfig, overrides: Mapping[
         return
     warnings.warn(
         f"`OptimizerConfig.decoupled_lr`: has no effect with explicit config_overrides; got "
-        f"{config.decoupled_lr!r} but no override sets max_lr to it; expected the standard "
-        "overrides merged in: {**get_standard_config_overrides(config), **your_overrides}",
+        f"{config.decoupled_lr!r} but no override sets max_lr to it (standard_overrides=False: your dict is used "
+        "alone); expected the standard overrides under it: standard_overrides=True, or "
+        "{**get_standard_config_overrides(config), **your_overrides}",
         UserWarning,
         stacklevel=3,
     )
@@ -262,7 +269,7 @@ def resolve_group_configs(
     # explicit dict they are defaults, which its rules override field by field.
     routing = resolve_param_groups(
         chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None, example_inputs=example_inputs,
-        trace=trace, defaults=get_standard_config_overrides(config) if layered else None,
+        trace=trace, defaults=get_standard_config_overrides(config) if layered else None, linked_fields=LINKED_FIELDS,
     )  # fmt: skip
     resolved: list[ResolvedGroup] = []
     for index, group in enumerate(routing.groups):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -162,15 +162,18 @@ def _merge(
     items: Sequence[tuple[ParamKey, Override]],
     keys: Sequence[ParamKey],
     first_default: int | None = None,
+    linked: Sequence[frozenset[str]] = (),
 ) -> dict[str, Any]:
     """Merge the overrides of the ``matched`` keys for parameter ``name``; refuse conflicts.
 
     Keys from ``first_default`` on are defaults: merged among themselves the same way, then under
-    the others, which win field by field."""
+    the others, which win field by field; a field of a ``linked`` set that the others set hides
+    the defaults' whole set."""
     if first_default is not None:
         own = _merge(name, tuple(k for k in matched if k < first_default), items, keys)
         defaults = _merge(name, tuple(k for k in matched if k >= first_default), items, keys)
-        return {**own, **{field: value for field, value in defaults.items() if field not in own}}
+        hidden = set(own).union(*(fields for fields in linked if fields & own.keys()))
+        return {**own, **{field: value for field, value in defaults.items() if field not in hidden}}
     merged: dict[str, Any] = {}
     setter: dict[str, int] = {}
     for index in matched:
@@ -198,6 +201,7 @@ def resolve_param_groups(
     example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None = None,
     trace: bool = True,
     defaults: Mapping[ParamKey, Override] | None = None,
+    linked_fields: Sequence[Collection[str]] = (),
 ) -> Routing:
     """Match every trainable parameter against every key and group identical merged overrides.
 
@@ -218,6 +222,9 @@ def resolve_param_groups(
             standard overrides): where a key of ``config_overrides`` and a default both set a
             field for a parameter, the former's value stands, with no conflict. Defaults come after
             ``config_overrides`` in :attr:`Routing.keys`, and never warn when they match nothing.
+        linked_fields: Sets of fields that say one thing together (an lr and its schedule's
+            peak, a decay and its multiplier): a key of ``config_overrides`` that sets one field
+            of a set hides every field of that set from the defaults, for the parameters it matches.
 
     Returns:
         A :class:`Routing`: the groups in the documented order, plus provenance.
@@ -236,6 +243,7 @@ def resolve_param_groups(
     chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
     items = list((config_overrides or {}).items())
     first_default = len(items) if defaults else None
+    linked = [frozenset(fields) for fields in linked_fields]
     items += list((defaults or {}).items())
     for index, (key, override) in enumerate(items):
         if not isinstance(key, ParamKey):
@@ -265,7 +273,7 @@ def resolve_param_groups(
         for index in matched:
             hits[index] += 1
         if matched not in group_of_match:
-            merged = _merge(names[0], matched, items, keys, first_default)
+            merged = _merge(names[0], matched, items, keys, first_default, linked)
             identity = _freeze(merged)
             if identity not in group_index:
                 group_index[identity] = len(group_members)

@@ -45,6 +45,8 @@ MEGATRON_DEFAULTS = {
 
 OPTZOO_EXTENSIONS = {
     "muon_flatten_conv": True, "muon_input_layers": True, "muon_fsdp_orthogonalize": "auto", "fold_clip_and_scale": True,
+    "standard_overrides": True,  # issue 25: the standard overrides lie under an explicit dict
+    "muon_scalar_lr": None,  # issue 25: the scalar optimizer's own lr
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 
