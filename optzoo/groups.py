@@ -330,7 +330,7 @@ def _hand_off_to_fallback(
         placement = place(spec, routed.param, routed.roles.names, fields, explicit, routed.roles.view)
         if placement == "cannot":
             if explicit:
-                rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
+                rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched if "optimizer" in routing.overrides[k]]
                 raise ValueError(
                     f"`{qualified_names(routed, num_chunks)[0]}` ({routed.param.dim()}-D, shape "
                     f"{tuple(routed.param.shape)}, {routed.roles.describe()}): routed to {spec.name} by rule "
@@ -347,17 +347,18 @@ def _hand_off_to_fallback(
     for moved_params, why in ((declined, f"leaves {spec.declines_what}"), (moved, f"takes {spec.shapes}")):
         if moved_params:
             reason = f"auto: {spec.name} {why} -> {spec.fallback_field}={fallback!r}"
-            parts.append(_Part(config.replace(optimizer=fallback, **_scalar_lr(config)), tuple(moved_params), reason))
+            parts.append(_Part(config.replace(optimizer=fallback, **_scalar_lr(config, override)), tuple(moved_params), reason))
     return parts
 
 
-def _scalar_lr(config: OptimizerConfig) -> dict[str, Any]:
+def _scalar_lr(config: OptimizerConfig, override: Mapping[str, Any]) -> dict[str, Any]:
     """The lr fields of the params handed to ``muon_scalar_optimizer``: ``muon_scalar_lr``, and the
-    schedule floor scaled with it, so their schedule is the base one times ``muon_scalar_lr / lr``."""
+    schedule floor scaled with it, so their schedule is the base one times ``muon_scalar_lr / lr``.
+    A rule's own ``lr`` or ``max_lr`` (``decoupled_lr``) for them wins, and its ``min_lr`` stays."""
     scalar_lr, lr, min_lr = config.muon_scalar_lr, config.lr, config.min_lr
-    if scalar_lr is None or scalar_lr == lr:
+    if scalar_lr is None or scalar_lr == lr or "lr" in override or "max_lr" in override:
         return {}
-    if min_lr is not None and lr:
+    if min_lr is not None and lr and "min_lr" not in override:
         min_lr = min_lr * (scalar_lr / lr)
     return {"lr": scalar_lr, "min_lr": min_lr}
 
