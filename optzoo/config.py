@@ -92,7 +92,6 @@ FIELD_HABITS: dict[str, str] = {
     "adjust_lr_fn": "muon_scale_mode, which takes torch.optim.Muon's names ('original', 'match_rms_adamw', 'spectral_unclamped')",
     "ns_steps": "muon_num_ns_steps",
     "ns_coefficients": "muon_coefficient_type ('simple' is torch's and Keller Jordan's (3.4445, -4.7750, 2.0315))",
-    "learning_rate": "lr",
     "max_grad_norm": "clip_grad",
     "gradient_clipping": "clip_grad",
     "adamw_lr": "muon_scalar_lr (the lr of what Muon hands to muon_scalar_optimizer)",

@@ -234,8 +234,8 @@ def _warn_if_decoupled_lr_is_unused(config: OptimizerConfig, overrides: Mapping[
         return
     warnings.warn(
         f"`OptimizerConfig.decoupled_lr`: has no effect with explicit config_overrides; got "
-        f"{config.decoupled_lr!r} but no override sets max_lr to it (standard_overrides=False: your dict is used "
-        "alone); expected the standard overrides under it: standard_overrides=True, or "
+        f"{config.decoupled_lr!r} but no override sets max_lr to it; expected the standard overrides under your "
+        "dict, which standard_overrides=False leaves out: standard_overrides=True, or "
         "{**get_standard_config_overrides(config), **your_overrides}",
         UserWarning,
         stacklevel=3,
