@@ -273,8 +273,8 @@ def resolve_group_configs(
     )  # fmt: skip
     resolved: list[ResolvedGroup] = []
     for index, group in enumerate(routing.groups):
-        rules = sorted({k for routed in group.params for k in routed.matched})
-        subject = f"param group #{index} (rules {', '.join(f'#{k} {routing.keys[k].describe()}' for k in rules) or 'none'})"
+        rules = _deciding_rules(group.params, routing)
+        subject = f"param group #{index} (rules {', '.join(_described(routing, k) for k in rules) or 'none'})"
         override = dict(group.override)
         config_fields = {k: v for k, v in override.items() if k in GROUP_FIELDS}
         if _override_max_lr(override, config, subject) is not None:
@@ -290,6 +290,19 @@ def resolve_group_configs(
             one = _resolve_one(len(resolved), part, override, subject, len(chunks))
             resolved.append(dataclasses.replace(one, default_config=not override and part.config == config))
     return resolved, routing
+
+
+def _deciding_rules(params: Sequence[RoutedParam], routing: Routing) -> list[int]:
+    """The rules behind a group's override: every user rule that matched, and each standard one
+    laid under them that still sets a field (one whose fields the user's rules all replaced is left out)."""
+    matched = sorted({k for routed in params for k in routed.matched})
+    own = {field for k in matched if k not in routing.defaults for field in routing.overrides[k]}
+    hidden = own.union(*(set(fields) for fields in LINKED_FIELDS if own & set(fields)))
+    return [k for k in matched if k not in routing.defaults or set(routing.overrides[k]) - hidden]
+
+
+def _described(routing: Routing, index: int) -> str:
+    return f"#{index} {routing.keys[index].describe()}{' (standard)' if index in routing.defaults else ''}"
 
 
 class _Part(NamedTuple):
