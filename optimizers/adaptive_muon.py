@@ -29,7 +29,7 @@ from torch.optim.optimizer import ParamsT
 
 from .._common import check_choice, local_shard
 from .muon import (
-    FinishInput, FsdpOrthogonalize, Muon, ScaleMode, as_matrices, compute_dtype, from_matrices, matrix_shape, muon_scale_factor,
+    FinishInput, FsdpOrthogonalize, Muon, MuonScaleMode, as_matrices, compute_dtype, from_matrices, matrix_shape, muon_scale_factor,
     take_shard,
 )  # fmt: skip
 from .newton_schulz import CoefficientType, MatmulPrecision
@@ -166,7 +166,7 @@ class AdaptiveMuon(Muon):
         fp32_matmul_prec: MatmulPrecision = "medium",
         coefficient_type: CoefficientType = "quintic",
         num_ns_steps: int = 5,
-        scale_mode: ScaleMode = "spectral",
+        scale_mode: MuonScaleMode = "spectral",
         extra_scale_factor: float = 1.0,
         split_qkv: bool = True,
         batched: bool = True,

@@ -62,7 +62,9 @@ from .._common import INTERNAL_FILES, MatrixView, check_choice, check_flag, desc
 from .._common import PARAM_DTYPES as PARAM_DTYPES, local_shard as local_shard  # re-exported: callers import them from here
 from ._checked import CheckedGroupsOptimizer, check_lr, lr_value
 from .muon_ops import (  # re-exported: callers import them from here
+    MuonScaleMode as MuonScaleMode,
     ScaleMode as ScaleMode,
+    TorchAdjustLr as TorchAdjustLr,
     as_matrices as as_matrices,
     compute_dtype as compute_dtype,
     decoupled_weight_decay_ as decoupled_weight_decay_,
@@ -90,8 +92,10 @@ __all__ = [
     "FsdpOrthogonalize",
     "OWNER_COMPUTES_MAX_SHARE",
     "Muon",
+    "MuonScaleMode",
     "PARAM_DTYPES",
     "ScaleMode",
+    "TorchAdjustLr",
     "as_matrices",
     "compute_dtype",
     "decoupled_weight_decay_",
@@ -270,7 +274,9 @@ class Muon(CheckedGroupsOptimizer):
             (``muon_fp32_matmul_prec``). Default ``medium``, upstream's and Megatron's.
         coefficient_type: Newton–Schulz coefficient set (``muon_coefficient_type``). Default ``quintic``.
         num_ns_steps: Newton–Schulz iterations >= 1 (``muon_num_ns_steps``). Default 5.
-        scale_mode: ``spectral`` (default), ``unit_rms_norm`` or ``shape_scaling`` (``muon_scale_mode``).
+        scale_mode: ``spectral`` (default), ``unit_rms_norm`` or ``shape_scaling`` (``muon_scale_mode``),
+            or torch's ``adjust_lr_fn`` names ``original``, ``match_rms_adamw``, ``spectral_unclamped``
+            (:data:`TorchAdjustLr`; see :func:`muon_scale_factor`).
         extra_scale_factor: :math:`e` > 0 (``muon_extra_scale_factor``); 0.2 with ``spectral``
             roughly matches AdamW's update RMS (arXiv:2502.16982). Default 1.
         split_qkv: orthogonalise params carrying ``qkv_split_shapes`` per block
@@ -322,7 +328,7 @@ class Muon(CheckedGroupsOptimizer):
         fp32_matmul_prec: MatmulPrecision = "medium",
         coefficient_type: CoefficientType = "quintic",
         num_ns_steps: int = 5,
-        scale_mode: ScaleMode = "spectral",
+        scale_mode: MuonScaleMode = "spectral",
         extra_scale_factor: float = 1.0,
         split_qkv: bool = True,
         batched: bool = True,
@@ -370,7 +376,7 @@ class Muon(CheckedGroupsOptimizer):
                 skip_file_prefixes=INTERNAL_FILES,
             )
         check_choice(f"{where}: `fp32_matmul_prec`", group["fp32_matmul_prec"], get_args(MatmulPrecision))
-        check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(ScaleMode))
+        check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(MuonScaleMode))
         for key in ("nesterov", "split_qkv", "batched", "flatten"):
             check_flag(f"{where}: `{key}`", group[key])
         views = group.get("matrix_views")

@@ -17,7 +17,9 @@ from torch.distributed.tensor import DTensor, Replicate
 from .._common import MatrixView, check_choice
 
 __all__ = [
+    "MuonScaleMode",
     "ScaleMode",
+    "TorchAdjustLr",
     "as_matrices",
     "from_matrices",
     "compute_dtype",
@@ -31,22 +33,42 @@ __all__ = [
 ]
 
 ScaleMode = Literal["spectral", "unit_rms_norm", "shape_scaling"]
-"""How the orthogonalised update is scaled; upstream's ``MuonScaleT``."""
+"""How the orthogonalised update is scaled: emerging-optimizers' ``MuonScaleT`` (Megatron-Core's
+``muon_scale_mode``)."""
+
+TorchAdjustLr = Literal["original", "match_rms_adamw", "spectral_unclamped"]
+"""``torch.optim.Muon``'s ``adjust_lr_fn`` names (``torch/optim/_muon.py``
+``_adjust_lr``, torch 2.14), taken as scale modes so that ``torch.optim.Muon(lr=x, adjust_lr_fn=y)`` ports
+to ``muon_scale_mode=y`` with the same ``lr``."""
+
+MuonScaleMode = Literal[ScaleMode, TorchAdjustLr]
+"""Every scale mode Muon takes: upstream's and torch's names."""
 
 
-def muon_scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
+def muon_scale_factor(rows: int, cols: int, mode: MuonScaleMode) -> float:
     """The factor on the orthogonalised update of a ``rows × cols`` matrix: upstream's
-    ``get_muon_scale_factor(size_out=rows, size_in=cols, mode)``.
+    ``get_muon_scale_factor(size_out=rows, size_in=cols, mode)``, or torch's ``_adjust_lr`` ratio.
 
     * ``spectral``: ``√max(rows, cols)`` (Jordan; Kimi, arXiv:2502.16982), lr transfer from AdamW.
     * ``unit_rms_norm``: ``√(rows / cols)`` (Scion, arXiv:2502.07529): unit RMS→RMS operator norm.
     * ``shape_scaling``: ``√max(1, rows / cols)`` (https://kellerjordan.github.io/posts/muon/).
+    * torch's ``original`` is ``shape_scaling``, ``spectral_unclamped`` is ``unit_rms_norm``, and
+      ``match_rms_adamw`` is ``0.2·√max(rows, cols)`` (Moonlight): ``spectral`` times 0.2.
 
     Example:
         >>> muon_scale_factor(1024, 4096, "spectral"), muon_scale_factor(4096, 1024, "shape_scaling")
         (64.0, 2.0)
+        >>> muon_scale_factor(1024, 4096, "match_rms_adamw")
+        12.8
     """
-    check_choice("`scale_mode`", mode, get_args(ScaleMode))
+    check_choice("`scale_mode`", mode, get_args(MuonScaleMode))
+    # Each family's own expression, so each factor rounds as its source's does.
+    if mode == "original":
+        return math.sqrt(max(1, rows / cols))
+    if mode == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    if mode == "spectral_unclamped":
+        return math.sqrt(rows / cols)
     if mode == "shape_scaling":
         return float(max(1.0, rows / cols) ** 0.5)
     if mode == "spectral":

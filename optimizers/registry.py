@@ -419,7 +419,7 @@ register(
         place=_place_soap,
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
-            "soap_use_kl_shampoo", "muon_scalar_optimizer", "muon_input_layers",
+            "soap_use_kl_shampoo", "muon_scalar_optimizer", "muon_scalar_lr", "muon_input_layers",
         ),  # fmt: skip
         instance_fields=("soap_precondition_frequency", "soap_use_kl_shampoo"),
         group_options=lambda c: {
@@ -434,7 +434,7 @@ register(
 _MUON_FIELDS = (
     "muon_momentum", "muon_nesterov", "muon_fp32_matmul_prec", "muon_coefficient_type", "muon_num_ns_steps",
     "muon_scale_mode", "muon_extra_scale_factor", "muon_split_qkv", "muon_tp_mode", "muon_scalar_optimizer",
-    "muon_flatten_conv", "muon_input_layers", "muon_fsdp_orthogonalize",
+    "muon_scalar_lr", "muon_flatten_conv", "muon_input_layers", "muon_fsdp_orthogonalize",
 )  # fmt: skip
 _MUON_SHAPES = "matrices, expert stacks, conv filters"
 

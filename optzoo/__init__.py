@@ -6,7 +6,7 @@ from typing import Any as _Any
 from optzoo._common import MatrixView
 from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
 from optzoo.config_file import dump_recipe, load_recipe, parse_recipe, recipe_from_overrides, shipped_recipes
-from optzoo.factory import get_optimizer
+from optzoo.factory import get_megatron_optimizer, get_optimizer
 from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_group_configs
 from optzoo.lint import Finding, Fix, RoutingLintWarning, apply_fixes, lint_routing
 from optzoo.mup import get_mup_config_overrides
@@ -66,6 +66,7 @@ __all__ = [
     "apply_fixes",
     "dump_recipe",
     "get_canonical_lr_for_logging",
+    "get_megatron_optimizer",
     "get_mup_config_overrides",
     "get_optimizer",
     "get_predicate",

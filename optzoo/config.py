@@ -21,7 +21,7 @@ import torch
 
 from optzoo._common import INTERNAL_FILES, did_you_mean, finite_number, invalid, show_value
 from optzoo.optimizers.adaptive_muon import Moment2Method
-from optzoo.optimizers.muon import FsdpOrthogonalize, ScaleMode
+from optzoo.optimizers.muon import FsdpOrthogonalize, MuonScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision, NewtonSchulzWarning, schedule_problem
 from optzoo.optimizers.registry import get_spec, registered_names
 
@@ -39,11 +39,14 @@ __all__ = [
     "OptimizerConfig",
     "SCHEDULE_KEYS",
     "SGDOptimizerConfig",
+    "FIELD_HABITS",
+    "OPTIMIZER_ALIASES",
+    "canonical_optimizer_name",
+    "field_habit",
     "get_supported_coefficient_types",
     "validate_coefficient_type",
 ]
 
-MuonScaleMode = ScaleMode
 MuonCoefficientType = CoefficientType
 MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
 MuonMatmulPrecision = MatmulPrecision
@@ -59,7 +62,7 @@ GROUP_FIELDS: tuple[str, ...] = (
     "sgd_momentum",
     "muon_momentum", "muon_split_qkv", "muon_nesterov", "muon_scale_mode", "muon_fp32_matmul_prec",
     "muon_coefficient_type", "muon_num_ns_steps", "muon_tp_mode", "muon_extra_scale_factor",
-    "muon_scalar_optimizer", "muon_flatten_conv", "muon_input_layers",
+    "muon_scalar_optimizer", "muon_scalar_lr", "muon_flatten_conv", "muon_input_layers",
     "lion_beta1", "lion_beta2",
     "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
     "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
@@ -74,6 +77,51 @@ class _Shown(str):
 
     def __repr__(self) -> str:
         return str(self)
+
+
+OPTIMIZER_ALIASES: dict[str, str] = {"adamw": "adam"}
+"""Other libraries' names for a registered algorithm, lower case. optzoo's ``adam`` is
+``torch.optim.AdamW`` while ``decoupled_weight_decay`` is True (the default, as in Megatron-Core)."""
+
+FIELD_HABITS: dict[str, str] = {
+    "betas": "adam_beta1 and adam_beta2 (torch's betas=(b1, b2); lion_beta1 and lion_beta2 for Lion)",
+    "beta1": "adam_beta1 (lion_beta1 for Lion)",
+    "beta2": "adam_beta2 (lion_beta2 for Lion, adaptive_muon_beta2 for Adaptive Muon)",
+    "eps": "adam_eps (adaptive_muon_eps for Adaptive Muon)",
+    "momentum": "sgd_momentum for SGD, muon_momentum for Muon (one config may run both)",
+    "nesterov": "muon_nesterov (optzoo's SGD has no Nesterov option)",
+    "adjust_lr_fn": "muon_scale_mode, which takes torch.optim.Muon's names ('original', 'match_rms_adamw', 'spectral_unclamped')",
+    "ns_steps": "muon_num_ns_steps",
+    "ns_coefficients": "muon_coefficient_type ('simple' is torch's and Keller Jordan's (3.4445, -4.7750, 2.0315))",
+    "max_grad_norm": "clip_grad",
+    "gradient_clipping": "clip_grad",
+    "adamw_lr": "muon_scalar_lr (the lr of what Muon hands to muon_scalar_optimizer)",
+    "fallback_lr_scale": "muon_scalar_lr = lr * fallback_lr_scale (the lr of what Muon hands to muon_scalar_optimizer)",
+}
+"""Keyword names other libraries use (torch.optim, timm, Hugging Face, DeepSpeed), and the optzoo
+fields they mean. Each is refused with this pointer: one config may run several algorithms (Muon
+and the AdamW it hands the rest to), so a family-less name such as ``betas`` or ``momentum`` has
+no single meaning."""
+
+
+def canonical_optimizer_name(name: str) -> str:
+    """The registered name ``name`` means: itself if registered, else its lower case or alias.
+
+    Example:
+        >>> canonical_optimizer_name("AdamW"), canonical_optimizer_name("Muon"), canonical_optimizer_name("adamx")
+        ('adam', 'muon', 'adamx')
+    """
+    names = registered_names()
+    if name in names:
+        return name
+    lowered = name.lower()
+    lowered = OPTIMIZER_ALIASES.get(lowered, lowered)
+    return lowered if lowered in names else name
+
+
+def field_habit(name: str) -> str | None:
+    """The optzoo field another library's keyword ``name`` means, in words, or ``None``."""
+    return FIELD_HABITS.get(name)
 
 
 def get_supported_coefficient_types() -> tuple[str, ...]:
@@ -115,6 +163,13 @@ class OptimizerConfig:
         ValueError: `OptimizerConfig.adam_beta1`: must lie in [0, 1); got 1.5; expected 0 <= adam_beta1 < 1
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> OptimizerConfig:
+        # Before the generated __init__'s bare "unexpected keyword argument": name the field meant.
+        for name, value in kwargs.items():
+            if (meant := field_habit(name)) is not None and name not in _FIELD_NAMES:
+                raise TypeError(f"`OptimizerConfig.{name}`: not an optzoo field; got {name}={value!r}; expected {meant}")
+        return super().__new__(cls)
+
     # ---- General ----------------------------------------------------------------------------
     lr: float | None = None
     """Peak learning rate. ``None`` (Megatron's default) must be set before ``get_optimizer``."""
@@ -129,6 +184,13 @@ class OptimizerConfig:
     """Weight-decay coefficient; decoupled (AdamW-style) or L2, see ``decoupled_weight_decay``."""
     apply_wd_to_qk_layernorm: bool = False
     """Standard overrides still decay ``q_layernorm``/``k_layernorm`` parameters (Qwen3-Next)."""
+    standard_overrides: bool = True
+    """An optzoo extension: the standard overrides (:func:`optzoo.get_standard_config_overrides`:
+    no weight decay on biases, norms and 1-D params; ``decoupled_lr``) lie under an explicit
+    ``config_overrides``, whose rules win field by field. False: an explicit ``config_overrides``
+    is used alone, Megatron-Core's meaning (``None`` = the standard overrides, ``{}`` = none),
+    which :func:`optzoo.get_megatron_optimizer` always has. With ``config_overrides=None`` both
+    give the standard overrides."""
 
     # ---- Precision --------------------------------------------------------------------------
     fp8_recipe: str | None = None
@@ -158,7 +220,9 @@ class OptimizerConfig:
     exp_avg_sq_dtype: torch.dtype = torch.float32
     """dtype of Adam's ``exp_avg_sq``; non-fp32 needs ``use_precision_aware_optimizer``."""
     optimizer: str = "adam"
-    """Algorithm name from the registry (``optzoo list``); may differ per parameter group."""
+    """Algorithm name from the registry (``optzoo list``); may differ per parameter group. Names
+    are matched without case where unambiguous, and ``adamw`` is ``adam`` (:data:`OPTIMIZER_ALIASES`),
+    which is AdamW while ``decoupled_weight_decay`` is True; the config holds the registered name."""
 
     # ---- Loss scaling -----------------------------------------------------------------------
     loss_scale: float | None = None
@@ -194,7 +258,12 @@ class OptimizerConfig:
     muon_nesterov: bool = False
     """Nesterov-style momentum in Muon."""
     muon_scale_mode: str = "spectral"
-    """How Muon scales the orthogonalised update; one of :data:`MuonScaleMode`."""
+    """How Muon scales the orthogonalised update of an ``r × c`` matrix; one of :data:`MuonScaleMode`:
+    ``spectral`` ``√max(r, c)`` (Megatron-Core's default: update RMS about ``lr``), ``unit_rms_norm``
+    ``√(r/c)``, ``shape_scaling`` ``√max(1, r/c)``, or ``torch.optim.Muon``'s ``adjust_lr_fn`` names,
+    which port its ``lr`` unchanged: ``original`` (= ``shape_scaling``), ``match_rms_adamw``
+    (``0.2·√max(r, c)``, Moonlight) and ``spectral_unclamped`` (= ``unit_rms_norm``). Table of
+    conventions: docs/optimizers.md#learning-rate-conventions."""
     muon_fp32_matmul_prec: str = "medium"
     """Matmul precision inside Newton-Schulz; one of :data:`MuonMatmulPrecision`."""
     muon_coefficient_type: str = "quintic"
@@ -220,6 +289,12 @@ class OptimizerConfig:
     """Denominator epsilon of Adaptive Muon."""
     muon_scalar_optimizer: str = "adam"
     """Optimizer for the parameters Muon does not take (embeddings, biases, norms)."""
+    muon_scalar_lr: float | None = None
+    """An optzoo extension: the peak lr of the parameters the Muon family (and SOAP) hands to
+    ``muon_scalar_optimizer``, whose schedule floor scales with it (``min_lr · muon_scalar_lr / lr``);
+    ``None`` = ``lr``. So ``torch.optim.Muon(lr=0.02)`` beside ``AdamW(lr=3e-4)`` is ``lr=0.02,
+    muon_scalar_lr=3e-4``. An override's ``max_lr`` (``decoupled_lr`` on embeddings and the head)
+    still wins for the parameters it matches."""
     muon_flatten_conv: bool = True
     """Conv filters go to the Muon family as one matrix, out channels by the rest (Keller Jordan's
     Muon), when True; to ``muon_scalar_optimizer`` when False. An optzoo extension (Megatron-Core
@@ -334,6 +409,14 @@ class OptimizerConfig:
 
     def _check_names(self) -> None:
         names = registered_names()
+        for field in ("optimizer", "muon_scalar_optimizer"):
+            given = getattr(self, field)
+            if OPTIMIZER_ALIASES.get(given.lower()) == "adam" and not self.decoupled_weight_decay:
+                raise _fail(
+                    field, f"{given!r} is Adam with decoupled weight decay, and decoupled_weight_decay=False asks for "
+                    "L2 decay", given, "'adam' with decoupled_weight_decay=False (Adam + L2), or decoupled_weight_decay=True",
+                )  # fmt: skip
+            setattr(self, field, canonical_optimizer_name(given))
         if self.optimizer not in names:
             raise _fail("optimizer", "unknown optimizer", self.optimizer, f"one of {names}{did_you_mean(self.optimizer, names)}")
         # A matrix optimizer's fallback must take every shape: the registry says which do.
@@ -361,7 +444,7 @@ class OptimizerConfig:
             value = getattr(self, field)
             if not 0.0 <= value < 1.0:
                 raise _fail(field, "must lie in [0, 1)", value, f"0 <= {field} < 1")
-        for field in ("lr", "min_lr", "decoupled_lr", "decoupled_min_lr"):
+        for field in ("lr", "min_lr", "decoupled_lr", "decoupled_min_lr", "muon_scalar_lr"):
             value = getattr(self, field)
             if value is not None and not value >= 0.0:
                 raise _fail(field, "must be non-negative", value, "a float >= 0 or None")
@@ -497,14 +580,17 @@ class OptimizerConfig:
         }
 
 
+_FIELD_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(OptimizerConfig))
+
+
 def _suggest_fields(init: Callable[..., None]) -> Callable[..., None]:
     """``init`` refusing an unknown keyword as Python does, plus the close field name (``weight_decy``)."""
-    names = [f.name for f in dataclasses.fields(OptimizerConfig)]
+    names = sorted(_FIELD_NAMES)
 
     @functools.wraps(init)
     def checked(self: OptimizerConfig, *args: Any, **kwargs: Any) -> None:
         for key in kwargs:
-            if key not in names:
+            if key not in _FIELD_NAMES:
                 raise TypeError(
                     f"OptimizerConfig.__init__() got an unexpected keyword argument {key!r}{did_you_mean(key, names)}"
                 )

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 
 from optzoo._common import did_you_mean
-from optzoo.config import OptimizerConfig
+from optzoo.config import OptimizerConfig, field_habit
 from optzoo.groups import OverrideValue, normalize_overrides
 from optzoo.routing import ParamKey, overrides_from_entries, overrides_to_entries
 
@@ -81,6 +81,8 @@ def config_from_mapping(values: Any) -> OptimizerConfig:
     valid = [f.name for f in dataclasses.fields(OptimizerConfig)]
     for field in values:
         if field not in valid:
+            if (meant := field_habit(field)) is not None:
+                raise ValueError(f"`config.{field}`: not an optzoo field; got {field!r}; expected {meant}")
             raise ValueError(f"`config.{field}`: unknown OptimizerConfig field; got {field!r}; expected one of {valid}{did_you_mean(field, valid)}")
     converted = {k: _dtype(k, v) if k in _DTYPE_FIELDS else v for k, v in values.items()}
     return OptimizerConfig(**converted)

@@ -42,7 +42,7 @@ from optzoo.wrapper.added_groups import Rerouter, instance_key
 from optzoo.wrapper.param_map import ParamMap, build_param_map, check_param_dtypes
 from optzoo.wrapper.scalers import make_grad_scaler
 
-__all__ = ["build_inner_optimizers", "get_optimizer", "torch_param_groups"]
+__all__ = ["build_inner_optimizers", "get_megatron_optimizer", "get_optimizer", "torch_param_groups"]
 
 
 def get_optimizer(
@@ -66,11 +66,15 @@ def get_optimizer(
     Args:
         config: The base configuration.
         model_chunks: A module or a list of modules.
-        config_overrides: ``{ParamKey: override}``; ``None`` (default) applies
-            :func:`get_standard_config_overrides`, ``{}`` applies nothing. An override is a dict
-            of per-group config fields and schedule keys (``max_lr``, ``min_lr``, ``wd_mult``,
-            ``start_wd``, ``end_wd``), or an ``OptimizerConfig`` (its fields that differ from
-            ``config``). ``optimizer`` may differ per group.
+        config_overrides: ``{ParamKey: override}``, laid over the standard overrides
+            (:func:`get_standard_config_overrides`: no decay on biases, norms and 1-D params,
+            ``decoupled_lr``): where one of your rules and a standard one set a field for a
+            parameter, yours wins. ``None`` (default) applies the standard overrides alone. With
+            ``config.standard_overrides=False`` a dict is used alone (``{}``: no overrides),
+            Megatron-Core's meaning, which :func:`get_megatron_optimizer` always has. An override
+            is a dict of per-group config fields and schedule keys (``max_lr``, ``min_lr``,
+            ``wd_mult``, ``start_wd``, ``end_wd``), or an ``OptimizerConfig`` (its fields that
+            differ from ``config``). ``optimizer`` may differ per group.
         dump_param_to_param_group_map: Write ``{name: group index}`` and each group's resolved
             config to this JSON file.
         strict: A key that matches no parameter is an error instead of a warning.
@@ -149,6 +153,41 @@ def get_optimizer(
     optimizer.defaults.update(lr=config.lr, weight_decay=config.weight_decay)  # what torch's constructor arguments would be
     _write_dumps(config, groups, routing, dump_param_to_param_group_map)
     return optimizer
+
+
+def get_megatron_optimizer(
+    config: OptimizerConfig,
+    model_chunks: Sequence[torch.nn.Module] | torch.nn.Module,
+    config_overrides: Mapping[ParamKey, OverrideValue] | None = None,
+    use_gloo_process_groups: bool = True,
+    pg_collection: Any = None,
+    dump_param_to_param_group_map: str | os.PathLike[str] | None = None,
+) -> MixedPrecisionOptimizer:
+    """Megatron-Core's ``get_megatron_optimizer``, with its meaning of ``config_overrides``:
+    ``None`` = the standard overrides, a dict (``{}`` included) = that dict alone.
+
+    :func:`get_optimizer` with ``config.standard_overrides=False`` whenever ``config_overrides`` is
+    given. ``use_gloo_process_groups`` is accepted either way: optzoo creates no process groups of
+    its own (Megatron-Core makes gloo copies for its distributed checkpoints).
+
+    Raises:
+        TypeError: ``use_gloo_process_groups`` is not a bool.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        >>> opt = get_megatron_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.1), model, {})
+        >>> [(g["weight_decay"], g["param_names"]) for g in opt.param_groups]  # {}: no overrides at all
+        [(0.1, ['0.weight', '0.bias', '1.weight', '1.bias'])]
+    """
+    if not isinstance(use_gloo_process_groups, bool):
+        raise TypeError(
+            f"`use_gloo_process_groups`: must be a bool; got {use_gloo_process_groups!r}; expected True or False"
+        )
+    if config_overrides is not None and config.standard_overrides:
+        config = config.replace(standard_overrides=False)
+    return get_optimizer(
+        config, model_chunks, config_overrides, pg_collection=pg_collection, dump_param_to_param_group_map=dump_param_to_param_group_map,
+    )  # fmt: skip
 
 
 def _trainable_chunks(model_chunks: Sequence[torch.nn.Module] | torch.nn.Module) -> list[torch.nn.Module]:

@@ -14,12 +14,13 @@ from typing import Any, NamedTuple
 import torch
 
 from optzoo._common import MatrixView, did_you_mean, finite_number, jsonable, show_value
-from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig
+from optzoo.config import GROUP_FIELDS, SCHEDULE_KEYS, OptimizerConfig, canonical_optimizer_name, field_habit
 from optzoo.optimizers.registry import OptimizerSpec, Placement, get_spec
 from optzoo.routing import ExampleInputs, ParamKey, RoutedParam, Routing, resolve_param_groups, standard_overrides
 
 __all__ = [
     "ALLOWED_OVERRIDE_KEYS",
+    "LINKED_FIELDS",
     "OverrideValue",
     "ResolvedGroup",
     "get_standard_config_overrides",
@@ -33,13 +34,19 @@ OverrideValue = Mapping[str, Any] | OptimizerConfig
 
 ALLOWED_OVERRIDE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(GROUP_FIELDS + SCHEDULE_KEYS))
 
+LINKED_FIELDS: tuple[tuple[str, ...], ...] = (("lr", "max_lr", "min_lr"), ("weight_decay", "wd_mult", "start_wd", "end_wd"))
+"""Override fields that say one thing together: a user rule that sets one of a set replaces the
+standard overrides' whole set for its params (its ``lr`` beats ``decoupled_lr``'s ``max_lr``, its
+``weight_decay`` the no-decay rule's ``wd_mult = 0``)."""
+
 
 def get_standard_config_overrides(config: OptimizerConfig) -> dict[ParamKey, dict[str, Any]]:
-    """The overrides used when ``config_overrides is None`` (Megatron-Core's defaults).
+    """The standard overrides (Megatron-Core's defaults): what ``config_overrides=None`` applies,
+    and what lies under an explicit ``config_overrides`` unless ``config.standard_overrides`` is False.
 
     No weight decay on biases and 1-D parameters (``q_layernorm``/``k_layernorm`` keep it with
     ``apply_wd_to_qk_layernorm``), and ``decoupled_lr``/``decoupled_min_lr`` on parameters
-    tagged ``is_embedding_or_output_parameter``. Merge your own keys on top of the result.
+    tagged ``is_embedding_or_output_parameter``.
 
     Example:
         >>> overrides = get_standard_config_overrides(OptimizerConfig(lr=1e-3, decoupled_lr=1e-4))
@@ -58,8 +65,9 @@ def normalize_overrides(
 ) -> dict[ParamKey, dict[str, Any]]:
     """Check override field names and turn ``OptimizerConfig`` values into dicts.
 
-    ``None`` means the standard overrides; ``{}`` means no overrides at all (Megatron-Core's
-    distinction, pinned by a test).
+    ``None`` means the standard overrides; a dict is itself here (``{}``: none), and
+    :func:`resolve_group_configs` lays the standard overrides under it unless
+    ``config.standard_overrides`` is False (Megatron-Core's meaning, pinned by a test).
     """
     if config_overrides is None:
         return get_standard_config_overrides(config)
@@ -84,6 +92,8 @@ def normalize_overrides(
         for field in fields:
             if field not in ALLOWED_OVERRIDE_KEYS:
                 model_wide = field in {f.name for f in dataclasses.fields(OptimizerConfig)}
+                if not model_wide and (meant := field_habit(field)) is not None:
+                    raise ValueError(f"`{subject}`: not an optzoo field; got {field!r}; expected {meant}")
                 problem = (
                     "field is model-wide and cannot differ per group"
                     if model_wide
@@ -93,6 +103,9 @@ def normalize_overrides(
                     f"`{subject}`: {problem}; got {field!r}; "
                     f"expected one of {list(ALLOWED_OVERRIDE_KEYS)}{'' if model_wide else did_you_mean(field, ALLOWED_OVERRIDE_KEYS)}"
                 )
+        for field in ("optimizer", "muon_scalar_optimizer"):  # "AdamW" and "adam" agree, not conflict
+            if isinstance(fields.get(field), str):
+                fields[field] = canonical_optimizer_name(fields[field])
         normalized[key] = fields
     return normalized
 
@@ -221,8 +234,9 @@ def _warn_if_decoupled_lr_is_unused(config: OptimizerConfig, overrides: Mapping[
         return
     warnings.warn(
         f"`OptimizerConfig.decoupled_lr`: has no effect with explicit config_overrides; got "
-        f"{config.decoupled_lr!r} but no override sets max_lr to it; expected the standard "
-        "overrides merged in: {**get_standard_config_overrides(config), **your_overrides}",
+        f"{config.decoupled_lr!r} but no override sets max_lr to it; expected the standard overrides under your "
+        "dict, which standard_overrides=False leaves out: standard_overrides=True, or "
+        "{**get_standard_config_overrides(config), **your_overrides}",
         UserWarning,
         stacklevel=3,
     )
@@ -248,16 +262,19 @@ def resolve_group_configs(
     """
     chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
     overrides = normalize_overrides(config, config_overrides)
-    if config_overrides is not None:
+    layered = config_overrides is not None and config.standard_overrides
+    if config_overrides is not None and not layered:
         _warn_if_decoupled_lr_is_unused(config, overrides)
-    # The standard rules are ours, not the user's: one that matches nothing is not a typo.
+    # The standard rules are ours, not the user's: one that matches nothing is not a typo. Under an
+    # explicit dict they are defaults, which its rules override field by field.
     routing = resolve_param_groups(
-        chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None, example_inputs=example_inputs, trace=trace
-    )
+        chunks, overrides, strict=strict, warn_unmatched=config_overrides is not None, example_inputs=example_inputs,
+        trace=trace, defaults=get_standard_config_overrides(config) if layered else None, linked_fields=LINKED_FIELDS,
+    )  # fmt: skip
     resolved: list[ResolvedGroup] = []
     for index, group in enumerate(routing.groups):
-        rules = sorted({k for routed in group.params for k in routed.matched})
-        subject = f"param group #{index} (rules {', '.join(f'#{k} {routing.keys[k].describe()}' for k in rules) or 'none'})"
+        rules = _deciding_rules(group.params, routing)
+        subject = f"param group #{index} (rules {', '.join(_described(routing, k) for k in rules) or 'none'})"
         override = dict(group.override)
         config_fields = {k: v for k, v in override.items() if k in GROUP_FIELDS}
         if _override_max_lr(override, config, subject) is not None:
@@ -273,6 +290,19 @@ def resolve_group_configs(
             one = _resolve_one(len(resolved), part, override, subject, len(chunks))
             resolved.append(dataclasses.replace(one, default_config=not override and part.config == config))
     return resolved, routing
+
+
+def _deciding_rules(params: Sequence[RoutedParam], routing: Routing) -> list[int]:
+    """The rules behind a group's override: every user rule that matched, and each standard one
+    laid under them that still sets a field (one whose fields the user's rules all replaced is left out)."""
+    matched = sorted({k for routed in params for k in routed.matched})
+    own = {field for k in matched if k not in routing.defaults for field in routing.overrides[k]}
+    hidden = own.union(*(set(fields) for fields in LINKED_FIELDS if own & set(fields)))
+    return [k for k in matched if k not in routing.defaults or set(routing.overrides[k]) - hidden]
+
+
+def _described(routing: Routing, index: int) -> str:
+    return f"#{index} {routing.keys[index].describe()}{' (standard)' if index in routing.defaults else ''}"
 
 
 class _Part(NamedTuple):
@@ -313,7 +343,7 @@ def _hand_off_to_fallback(
         placement = place(spec, routed.param, routed.roles.names, fields, explicit, routed.roles.view)
         if placement == "cannot":
             if explicit:
-                rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched]
+                rules = [f"#{k} {routing.keys[k].describe()}" for k in routed.matched if "optimizer" in routing.overrides[k]]
                 raise ValueError(
                     f"`{qualified_names(routed, num_chunks)[0]}` ({routed.param.dim()}-D, shape "
                     f"{tuple(routed.param.shape)}, {routed.roles.describe()}): routed to {spec.name} by rule "
@@ -330,8 +360,20 @@ def _hand_off_to_fallback(
     for moved_params, why in ((declined, f"leaves {spec.declines_what}"), (moved, f"takes {spec.shapes}")):
         if moved_params:
             reason = f"auto: {spec.name} {why} -> {spec.fallback_field}={fallback!r}"
-            parts.append(_Part(config.replace(optimizer=fallback), tuple(moved_params), reason))
+            parts.append(_Part(config.replace(optimizer=fallback, **_scalar_lr(config, override)), tuple(moved_params), reason))
     return parts
+
+
+def _scalar_lr(config: OptimizerConfig, override: Mapping[str, Any]) -> dict[str, Any]:
+    """The lr fields of the params handed to ``muon_scalar_optimizer``: ``muon_scalar_lr``, and the
+    schedule floor scaled with it, so their schedule is the base one times ``muon_scalar_lr / lr``.
+    A rule's own ``lr`` or ``max_lr`` (``decoupled_lr``) for them wins, and its ``min_lr`` stays."""
+    scalar_lr, lr, min_lr = config.muon_scalar_lr, config.lr, config.min_lr
+    if scalar_lr is None or scalar_lr == lr or "lr" in override or "max_lr" in override:
+        return {}
+    if min_lr is not None and lr and "min_lr" not in override:
+        min_lr = min_lr * (scalar_lr / lr)
+    return {"lr": scalar_lr, "min_lr": min_lr}
 
 
 def place(spec: OptimizerSpec, param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:

@@ -13,7 +13,8 @@ records; ``get_optimizer`` warns once per finding (:class:`RoutingLintWarning`),
   optimizer, or a conv filter that ``muon_flatten_conv=False`` keeps off it, while a matrix
   optimizer that can take it steps the model's other matrices;
 * ``decayed-vector``: a bias, a norm, an elementwise parameter (a gain of any shape, an SSM
-  parameter) or a 1-D parameter with weight decay;
+  parameter) or a 1-D parameter with weight decay; the message says whether the standard
+  overrides apply, lie under the user's rules or are off (:func:`standard_overrides_note`);
 * ``blocks-orthogonalised-whole``: a parameter the forward multiplies by as several matrices
   (experts, heads, groups) on a matrix optimizer that steps its stored shape as one;
 * ``tied-names-disagree``: a rule that selects a tied tensor under some of its names but not others;
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from optzoo._common import SCALAR_ROLES, MatrixView, shorten
-from optzoo.groups import ResolvedGroup, place
+from optzoo.groups import ResolvedGroup, get_standard_config_overrides, place
 from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import ParamKey, RoutedParam, Routing
 
@@ -51,6 +52,7 @@ __all__ = [
     "apply_fixes",
     "findings_as_json",
     "lint_routing",
+    "standard_overrides_note",
     "warn_findings",
 ]
 
@@ -131,7 +133,11 @@ def _moved(group: ResolvedGroup, routing: Routing, members: Sequence[RoutedParam
     """Leave ``members`` out of every rule that set one of ``fields`` for them, keep what those
     rules set besides, and add ``new`` for them."""
     names = tuple(dict.fromkeys(name for routed in members for name in _local_names(group, routed)))
-    setters = sorted({k for routed in members for k in routed.matched if set(routing.overrides[k]) & set(fields)})
+    # Defaults (the standard overrides under the user's rules) are not the user's to narrow: they
+    # come back under any dict, and the rule added here wins over them.
+    setters = sorted({
+        k for routed in members for k in routed.matched if set(routing.overrides[k]) & set(fields) and k not in routing.defaults
+    })  # fmt: skip
     kept = {k: v for k, v in group.override.items() if k not in fields}
     added = {**kept, **new}
     return Fix(narrow=tuple((k, names) for k in setters), add=((_exact(names), added),) if added else ())
@@ -229,12 +235,24 @@ def _decayed_vectors(groups: Sequence[ResolvedGroup], routing: Routing) -> list[
         found.append(Finding(
             "decayed-vector", tuple(names),
             f"{_names(names)}: biases, norms, elementwise or 1-D params with weight decay; got weight_decay="
-            f"{group.weight_decay:g} in param group #{group.index} (rules: {', '.join(f'#{k}' for k in rules) or 'none'}); "
-            "expected no decay on them (the standard overrides give none: "
-            f"{{**get_standard_config_overrides(config), **yours}}): {fix.describe(routing)}",
+            f"{group.weight_decay:g} in param group #{group.index} (rules: {', '.join(f'#{k}' for k in rules) or 'none'}; "
+            f"{standard_overrides_note(groups, routing)}); expected no decay on them: {fix.describe(routing)}",
             fix,
         ))  # fmt: skip
     return found
+
+
+def standard_overrides_note(groups: Sequence[ResolvedGroup], routing: Routing) -> str:
+    """Which standard overrides apply to ``routing``, in words (the decay findings say it)."""
+    if routing.defaults:
+        return "the standard overrides lie under your rules, which win field by field (standard_overrides=True)"
+    config = groups[0].config if groups else None
+    if config is not None and set(get_standard_config_overrides(config)) <= set(routing.keys):
+        return "the standard overrides apply"
+    return (
+        "the standard overrides are off: config_overrides is used alone (standard_overrides=False, Megatron-Core's "
+        "meaning); standard_overrides=True lays them under your rules"
+    )
 
 
 def _blocks_orthogonalised_whole(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Finding]:
@@ -300,7 +318,7 @@ def _shadowed_rules(routing: Routing) -> list[Finding]:
     found: list[Finding] = []
     for k, members in setters.items():
         fields = routing.overrides[k]
-        if not fields:
+        if not fields or k in routing.defaults:  # a default under the user's rules is meant to be overridden
             continue
         shadows: set[int] = set()
         for param_id, _ in members:
@@ -332,11 +350,14 @@ def lint_routing(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Find
         >>> import torch
         >>> from optzoo import OptimizerConfig, resolve_group_configs
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-        >>> groups, routing = resolve_group_configs(OptimizerConfig(lr=1e-3, weight_decay=0.1), model, {})
+        >>> alone = OptimizerConfig(lr=1e-3, weight_decay=0.1, standard_overrides=False)  # {} means no rules
+        >>> groups, routing = resolve_group_configs(alone, model, {})
         >>> [(f.kind, f.params) for f in lint_routing(groups, routing)]
         [('decayed-vector', ('0.bias', '1.weight', '1.bias'))]
         >>> fixed = apply_fixes(routing, [f.fix for f in lint_routing(groups, routing) if f.fix])
-        >>> lint_routing(*resolve_group_configs(OptimizerConfig(lr=1e-3, weight_decay=0.1), model, fixed))
+        >>> lint_routing(*resolve_group_configs(alone, model, fixed))
+        []
+        >>> lint_routing(*resolve_group_configs(alone.replace(standard_overrides=True), model, {}))  # laid under {}
         []
     """
     return [
@@ -370,7 +391,7 @@ def apply_fixes(routing: Routing, fixes: Sequence[Fix]) -> dict[ParamKey, dict[s
             added.setdefault(key, {}).update(value)
     result: dict[ParamKey, dict[str, Any]] = {}
     for index, (key, override) in enumerate(zip(keys, routing.overrides)):
-        if index in removed:
+        if index in removed or index in routing.defaults:  # defaults come back under any dict
             continue
         if index in excluded:
             key = _with_excluded(key, excluded[index])

@@ -94,7 +94,7 @@ def get_mup_config_overrides(
 
     Warns:
         UserWarning: ``decoupled_lr`` is set (MuP leaves the embedding/output lr alone), or a
-            Muon-family optimizer runs with ``muon_scale_mode='spectral'`` (its matrices keep
+            Muon-family optimizer runs with ``muon_scale_mode='spectral'`` or ``'match_rms_adamw'`` (its matrices keep
             spectral scaling; ``unit_rms_norm`` is the MuP-consistent mode).
 
     Example:
@@ -127,10 +127,10 @@ def get_mup_config_overrides(
             UserWarning,
             stacklevel=2,
         )
-    if is_muon and config.muon_scale_mode == "spectral":
+    if is_muon and config.muon_scale_mode in ("spectral", "match_rms_adamw"):
         warnings.warn(
             "`get_mup_config_overrides`: Muon-managed matrices keep Muon's own shape scaling, not MuP's; got "
-            "muon_scale_mode='spectral'; expected muon_scale_mode='unit_rms_norm' for MuP-consistent Muon updates",
+            f"muon_scale_mode={config.muon_scale_mode!r}; expected muon_scale_mode='unit_rms_norm' for MuP-consistent Muon updates",
             UserWarning,
             stacklevel=2,
         )

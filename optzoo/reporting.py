@@ -93,7 +93,8 @@ def group_rows(groups: Sequence[ResolvedGroup]) -> list[list[Any]]:
 
 
 def _matched_rules(group: ResolvedGroup, matched: Sequence[int], routing: Routing) -> list[str]:
-    reasons = [f"#{k} {routing.keys[k].describe()}" for k in matched]
+    # "(standard)": a standard override laid under the user's rules (theirs win field by field).
+    reasons = [f"#{k} {routing.keys[k].describe()}{' (standard)' if k in routing.defaults else ''}" for k in matched]
     if group.auto_routed:
         reasons.append(group.auto_routed)
     return reasons

@@ -5,8 +5,10 @@ The rules, in three sentences:
 1. **Order**: every trainable parameter is tested against every key; groups come out with the
    no-override group first, then in the order their first parameter appears in the model.
 2. **Merge**: all overrides whose key matches a parameter (under any of its tied names) are
-   merged field by field, and parameters with identical merged overrides share one group.
-3. **Conflict**: two matching keys that set the same field to different values are an error
+   merged field by field, and parameters with identical merged overrides share one group;
+   ``defaults`` (the standard overrides under a user's dict) lie underneath: a field a key sets
+   wins over a default's.
+3. **Conflict**: two matching keys (or two defaults) that set the same field to different values are an error
    naming the parameter, both keys, the field and both values; a key that matches nothing is
    a warning (an error with ``strict=True``).
 """

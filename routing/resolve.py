@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -80,9 +80,12 @@ class Routing:
     keys: tuple[ParamKey, ...]
     """The keys in the order they were given; ``RoutedParam.matched`` indexes this."""
     unmatched: tuple[int, ...]
-    """Indices of keys that matched no parameter."""
+    """Indices of keys that matched no parameter (defaults left out: they need not apply)."""
     overrides: tuple[Override, ...] = ()
     """What each key sets, parallel to ``keys``."""
+    defaults: tuple[int, ...] = ()
+    """Indices of the keys given as ``defaults`` (layered under the others: a field another key
+    sets for a parameter wins over theirs); they come after the others in ``keys``."""
 
     def explain(self) -> list[tuple[str, int, list[str]]]:
         """One ``(name, group index, [matched key descriptions])`` per name, in group order."""
@@ -158,8 +161,19 @@ def _merge(
     matched: tuple[int, ...],
     items: Sequence[tuple[ParamKey, Override]],
     keys: Sequence[ParamKey],
+    first_default: int | None = None,
+    linked: Sequence[frozenset[str]] = (),
 ) -> dict[str, Any]:
-    """Merge the overrides of the ``matched`` keys for parameter ``name``; refuse conflicts."""
+    """Merge the overrides of the ``matched`` keys for parameter ``name``; refuse conflicts.
+
+    Keys from ``first_default`` on are defaults: merged among themselves the same way, then under
+    the others, which win field by field; a field of a ``linked`` set that the others set hides
+    the defaults' whole set."""
+    if first_default is not None:
+        own = _merge(name, tuple(k for k in matched if k < first_default), items, keys)
+        defaults = _merge(name, tuple(k for k in matched if k >= first_default), items, keys)
+        hidden = set(own).union(*(fields for fields in linked if fields & own.keys()))
+        return {**own, **{field: value for field, value in defaults.items() if field not in hidden}}
     merged: dict[str, Any] = {}
     setter: dict[str, int] = {}
     for index in matched:
@@ -186,6 +200,8 @@ def resolve_param_groups(
     roles: Mapping[int, ParamRoles] | None = None,
     example_inputs: ExampleInputs | Sequence[ExampleInputs | None] | None = None,
     trace: bool = True,
+    defaults: Mapping[ParamKey, Override] | None = None,
+    linked_fields: Sequence[Collection[str]] = (),
 ) -> Routing:
     """Match every trainable parameter against every key and group identical merged overrides.
 
@@ -202,6 +218,13 @@ def resolve_param_groups(
         example_inputs: Inputs of one forward, to read roles from what it does with each
             parameter (see :func:`~optzoo.routing.roles.infer_roles`); default: made from the model.
         trace: Observe the forward for roles (default); ``False`` guesses them from module types and names.
+        defaults: Keys layered under ``config_overrides`` (the caller's defaults, such as the
+            standard overrides): where a key of ``config_overrides`` and a default both set a
+            field for a parameter, the former's value stands, with no conflict. Defaults come after
+            ``config_overrides`` in :attr:`Routing.keys`, and never warn when they match nothing.
+        linked_fields: Sets of fields that say one thing together (an lr and its schedule's
+            peak, a decay and its multiplier): a key of ``config_overrides`` that sets one field
+            of a set hides every field of that set from the defaults, for the parameters it matches.
 
     Returns:
         A :class:`Routing`: the groups in the documented order, plus provenance.
@@ -219,6 +242,9 @@ def resolve_param_groups(
     """
     chunks = [model_chunks] if isinstance(model_chunks, torch.nn.Module) else list(model_chunks)
     items = list((config_overrides or {}).items())
+    first_default = len(items) if defaults else None
+    linked = [frozenset(fields) for fields in linked_fields]
+    items += list((defaults or {}).items())
     for index, (key, override) in enumerate(items):
         if not isinstance(key, ParamKey):
             raise TypeError(
@@ -247,7 +273,7 @@ def resolve_param_groups(
         for index in matched:
             hits[index] += 1
         if matched not in group_of_match:
-            merged = _merge(names[0], matched, items, keys)
+            merged = _merge(names[0], matched, items, keys, first_default, linked)
             identity = _freeze(merged)
             if identity not in group_index:
                 group_index[identity] = len(group_members)
@@ -263,7 +289,8 @@ def resolve_param_groups(
     )
 
     unmatched = tuple(index for index, count in enumerate(hits) if count == 0)
-    if unmatched and (strict or warn_unmatched):
+    own_unmatched = tuple(index for index in unmatched if first_default is None or index < first_default)
+    if own_unmatched and (strict or warn_unmatched):
         several = len(chunks) > 1
         all_names = [
             f"chunk{chunk}.{name}" if several else name
@@ -273,12 +300,13 @@ def resolve_param_groups(
         ]
         message = (
             "config_overrides: "
-            + "; ".join(f"rule #{i} {keys[i].describe()} matched no parameter" for i in unmatched)
+            + "; ".join(f"rule #{i} {keys[i].describe()} matched no parameter" for i in own_unmatched)
             + f"; parameters are: {shorten(all_names)}"
         )
         if strict:
             raise ValueError(message + "; expected every rule to match (strict=True)")
         warnings.warn(message, UserWarning, stacklevel=2)
     overrides = tuple(MappingProxyType(dict(override)) for _, override in items)
-    return Routing(groups=groups, keys=keys, unmatched=unmatched, overrides=overrides)
+    default_indices = tuple(range(first_default, len(items))) if first_default is not None else ()
+    return Routing(groups=groups, keys=keys, unmatched=own_unmatched, overrides=overrides, defaults=default_indices)
 

@@ -1555,7 +1555,7 @@ def noncontig_trial(opt_name: str) -> str | None:
     runs = []
     for flags in (DIST_FLAGS["layer_wise"], {}):
         model = OddLayouts(seed)
-        optimizer = get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt_name, clip_grad=0.0, **flags), model, {}, lint=False, trace=False)
+        optimizer = get_optimizer(OptimizerConfig(lr=1e-2, optimizer=opt_name, clip_grad=0.0, standard_overrides=False, **flags), model, {}, lint=False, trace=False)
         for step in range(2):
             generator = torch.Generator().manual_seed(seed + step)
             for param in model.parameters():

@@ -340,7 +340,10 @@ def test_toml_config_with_name_globs_attr_and_a_lion_group(
     assert document["matched_rules"]["decoder.layers.0.mlp.linear_fc1.weight"] == [
         "#2 name='decoder.layers.*.mlp.linear_fc*.weight'"
     ]
-    assert document["matched_rules"]["decoder.final_layernorm.bias"] == ["#0 name=('*.bias', '*layernorm*')"]
+    # Issue 25: the standard overrides lie under the file's rules, and the provenance says so.
+    assert document["matched_rules"]["decoder.final_layernorm.bias"] == [
+        "#0 name=('*.bias', '*layernorm*')", "#3 name='*.bias', predicate='is_1d', role=('bias', 'norm', 'elementwise') (standard)",
+    ]
 
     out = run_ok(capsys, "dump-param-groups", "--model", "gpt", "--config", config)
     lion_row = out.splitlines()[5].split()
@@ -364,12 +367,15 @@ def test_toml_without_overrides_means_standard_overrides(
 
 
 def test_toml_empty_overrides_means_no_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Issue 25: `[]` is "no overrides" under Megatron-Core's meaning, standard_overrides = false;
+    # by default the standard overrides lie under it (tests/optzoo/test_overrides_layering.py).
     config = write_file(tmp_path, "none.toml", """
         overrides = []
 
         [config]
         lr = 2e-3
         decoupled_lr = 5e-4
+        standard_overrides = false
     """)
     status, out, err = run(capsys, "dump-param-groups", "--model", "gpt", "--config", config, "--format", "json")
     assert status == 0
@@ -437,7 +443,7 @@ def test_python_config_without_overrides_means_standard_and_empty_dict_means_non
     """)
     none = write_file(tmp_path, "none.py", """
         from optzoo import OptimizerConfig
-        config = OptimizerConfig(lr=1e-3)
+        config = OptimizerConfig(lr=1e-3, standard_overrides=False)  # issue 25: {} is none under Megatron's meaning
         config_overrides = {}
     """)
     explicit_none = write_file(tmp_path, "explicit_none.py", """

@@ -36,7 +36,7 @@ def _build(dtype: torch.dtype, *, mesh: Any = None, rows: int = 6, **fields: Any
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model, mesh=mesh)
-    config = OptimizerConfig(lr=1e-2, bf16=dtype == torch.bfloat16, **fields)
+    config = OptimizerConfig(lr=1e-2, bf16=dtype == torch.bfloat16, standard_overrides=False, **fields)  # {}: no rules at all
     return model, get_optimizer(config, model, config_overrides={}, trace=False, lint=False)
 
 

@@ -41,7 +41,7 @@ def odd_steps(rank: int, world: int) -> dict[str, torch.Tensor]:
     """Two steps on the same grads on every rank (``world == 0``: one process, no flag)."""
     model = OddLayouts()
     assert not model.transposed.is_contiguous() and not model.gapped.is_contiguous()
-    config = OptimizerConfig(**{**LAYER_WISE, "use_layer_wise_distributed_optimizer": world > 0})
+    config = OptimizerConfig(**{**LAYER_WISE, "use_layer_wise_distributed_optimizer": world > 0, "standard_overrides": False})  # {}: no rules
     optimizer = get_optimizer(config, model, {}, lint=False, trace=False)
     for step in range(2):
         generator = torch.Generator().manual_seed(step)

@@ -379,7 +379,7 @@ BAD_SETTINGS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"num_ns_steps": 2.5}, ValueError, r"`num_ns_steps`: must be a positive integer; got 2.5"),
     ({"coefficient_type": "custom"}, ValueError, r"`coefficient_type`: Unsupported muon coefficient type 'custom'; got 'custom'; expected one of \['simple', 'quintic'"),
     ({"fp32_matmul_prec": "low"}, ValueError, r"`fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),
-    ({"scale_mode": "rms"}, ValueError, r"`scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling'\]"),
+    ({"scale_mode": "rms"}, ValueError, r"`scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling', 'original', 'match_rms_adamw', 'spectral_unclamped'\]"),
     ({"nesterov": "yes"}, TypeError, r"`nesterov`: must be a bool; got 'yes'; expected True or False"),
     ({"split_qkv": 1}, TypeError, r"`split_qkv`: must be a bool; got 1"),
     ({"batched": None}, TypeError, r"`batched`: must be a bool; got None"),

@@ -522,7 +522,7 @@ def test_the_canonical_lr_is_the_first_default_config_groups_as_the_scheduler_se
 
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     overrides = {ParamKey(name="1.*"): {"max_lr": 0.5}}
-    optimizer = get_optimizer(OptimizerConfig(lr=0.1), model, overrides, lint=False)
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, standard_overrides=False), model, overrides, lint=False)  # the rule alone
     assert [(g["param_names"], g["default_config"]) for g in optimizer.param_groups] == [
         (["0.weight", "0.bias"], True), (["1.weight", "1.bias"], False),
     ]  # fmt: skip

@@ -45,6 +45,8 @@ MEGATRON_DEFAULTS = {
 
 OPTZOO_EXTENSIONS = {
     "muon_flatten_conv": True, "muon_input_layers": True, "muon_fsdp_orthogonalize": "auto", "fold_clip_and_scale": True,
+    "standard_overrides": True,  # issue 25: the standard overrides lie under an explicit dict
+    "muon_scalar_lr": None,  # issue 25: the scalar optimizer's own lr
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 
@@ -72,7 +74,9 @@ def test_choice_aliases_match_emerging_optimizers() -> None:
     from emerging_optimizers.orthogonalized_optimizers.muon import MuonScaleT
 
     assert set(typing.get_args(MuonCoefficientType)) == set(_emerging.newton_schulz_coefficient_types())
-    assert set(typing.get_args(MuonScaleMode)) == set(typing.get_args(MuonScaleT))
+    # Upstream's modes, plus torch.optim.Muon's adjust_lr_fn names (tests/optzoo/test_lr_conventions.py).
+    torch_names = {"original", "match_rms_adamw", "spectral_unclamped"}
+    assert set(typing.get_args(MuonScaleMode)) == set(typing.get_args(MuonScaleT)) | torch_names
     assert set(typing.get_args(AdaptiveMuonMoment2Method)) == set(typing.get_args(Moment2MethodT))
 
 
@@ -88,7 +92,7 @@ def test_choice_aliases_match_emerging_optimizers() -> None:
         ({"lr": -1.0}, r"`OptimizerConfig.lr`: must be non-negative; got -1.0; expected a float >= 0 or None"),
         ({"weight_decay": -0.1}, r"`OptimizerConfig.weight_decay`: must be non-negative; got -0.1"),
         ({"clip_grad": float("nan")}, r"`OptimizerConfig.clip_grad`: must be finite; got nan; expected a finite number$"),
-        ({"muon_scale_mode": "rms"}, r"`OptimizerConfig.muon_scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling'\]"),
+        ({"muon_scale_mode": "rms"}, r"`OptimizerConfig.muon_scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling', 'original', 'match_rms_adamw', 'spectral_unclamped'\]"),
         ({"muon_coefficient_type": "cubic"}, r"`OptimizerConfig.muon_coefficient_type`: Unsupported muon coefficient type 'cubic'\. Supported types: \('simple', 'quintic', .*; got 'cubic'; expected one of \['simple', 'quintic', 'polar_express'"),
         ({"muon_tp_mode": "x"}, r"`OptimizerConfig.muon_tp_mode`: unknown value; got 'x'; expected one of \['blockwise', 'duplicated', 'distributed'\]"),
         ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion'\]"),

@@ -40,7 +40,7 @@ def sgd(*groups: dict[str, Any]) -> torch.optim.SGD:
 
 def test_a_group_max_lr_below_the_schedulers_min_lr_is_refused_naming_both_sources() -> None:
     # max_lr=1e-4 by override, min_lr unset: the scheduler's min_lr=1e-3 would anneal the group up to 10x its peak.
-    optimizer = get_optimizer(OptimizerConfig(lr=1e-3), tiny_gpt(), {ParamKey(name="output_layer.weight"): {"max_lr": 1e-4}})
+    optimizer = get_optimizer(OptimizerConfig(lr=1e-3, standard_overrides=False), tiny_gpt(), {ParamKey(name="output_layer.weight"): {"max_lr": 1e-4}})  # the rule alone
     with pytest.raises(ValueError, match=re.escape(
         "`OptimizerParamScheduler.min_lr`: must not exceed max_lr (param group #1 (output_layer.weight)): the decay would "
         "raise the lr to min_lr; got min_lr=0.001 (the scheduler's min_lr), max_lr=0.0001 (the group's max_lr); "

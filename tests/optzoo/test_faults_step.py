@@ -86,7 +86,7 @@ def test_item1_a_skipped_first_device_step_leaves_state_the_next_step_can_use(fi
     """The next clean steps equal torch's fused optimizer that never saw the NaN step, bit for bit
     (before: SGD's uninitialised momentum buffers were applied, giving ~1e31 weights)."""
     model, twin = Two(), Two()
-    optimizer = get_optimizer(OptimizerConfig(lr=0.1, weight_decay=0.01, clip_grad=0.0, **fields), model, {}, lint=False)  # {}: wd on biases too
+    optimizer = get_optimizer(OptimizerConfig(lr=0.1, weight_decay=0.01, clip_grad=0.0, standard_overrides=False, **fields), model, {}, lint=False)  # {} alone: wd on biases too
     torch_optimizer = reference(list(twin.parameters()))
     poisoned = _grads(model, 1)
     poisoned["a.weight"][0, 0] = float("nan")
@@ -222,7 +222,8 @@ def test_item7_fused_sgd_steps_a_late_param_as_torch_sgd_that_saw_only_its_grads
     model = Two(dtype)
     reference_weights = {name: p.detach().float().clone().requires_grad_() for name, p in model.named_parameters()}
     optimizer = get_optimizer(
-        OptimizerConfig(optimizer="sgd", lr=0.5, sgd_momentum=0.5, weight_decay=0.25, clip_grad=0.0, bf16=precision == "bf16"), model, {}, lint=False
+        OptimizerConfig(optimizer="sgd", lr=0.5, sgd_momentum=0.5, weight_decay=0.25, clip_grad=0.0, bf16=precision == "bf16", standard_overrides=False),
+        model, {}, lint=False,
     )
     reference = torch.optim.SGD(list(reference_weights.values()), lr=0.5, momentum=0.5, weight_decay=0.25, foreach=False)
     schedule = [("a.weight", "a.bias"), None, None]  # b.* get their first gradient at step 2
@@ -336,7 +337,7 @@ def _after_zero_grad_false(dtype: torch.dtype, fields: dict[str, Any]) -> dict[s
             p.copy_((p * 8).round() / 8)
     model.to(dtype)
     config = OptimizerConfig(optimizer="sgd", lr=0.5, sgd_momentum=0.5, weight_decay=0.5, clip_grad=0.0, **fields)
-    optimizer = get_optimizer(config, model, {}, lint=False)  # {}: weight decay on biases too, as the reference
+    optimizer = get_optimizer(config.replace(standard_overrides=False), model, {}, lint=False)  # {}: weight decay on biases too, as the reference
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     assert optimizer.step()[0] is True

@@ -28,11 +28,14 @@ def test_returns_a_real_torch_optimizer_whose_groups_are_the_inner_groups(gpt: t
 
 
 def test_none_means_standard_overrides_and_empty_means_none(gpt: torch.nn.Module) -> None:
-    standard = get_optimizer(BASE, gpt, None)
+    """Megatron-Core's meaning, kept under ``standard_overrides=False`` (issue 25: by default the
+    standard overrides lie under a dict too; tests/optzoo/test_overrides_layering.py)."""
+    megatron = BASE.replace(standard_overrides=False)
+    standard = get_optimizer(megatron, gpt, None)
     assert _group_of(standard, "decoder.layers.0.input_layernorm.weight")["weight_decay"] == 0.0
     assert _group_of(standard, "decoder.layers.0.mlp.linear_fc1.bias")["weight_decay"] == 0.0
     assert _group_of(standard, "decoder.layers.0.mlp.linear_fc1.weight")["weight_decay"] == 0.1
-    nothing = get_optimizer(BASE, gpt, {})
+    nothing = get_optimizer(megatron, gpt, {})
     assert len(nothing.param_groups) == 1 and nothing.param_groups[0]["weight_decay"] == 0.1
 
 
@@ -82,7 +85,7 @@ def test_group_order_matches_routing_order_even_across_optimizers(gpt: torch.nn.
         ParamKey(name="embedding.*"): {"optimizer": "lion"},
         ParamKey(name="output_layer.weight"): {"lr": 5e-4},
     }
-    opt = get_optimizer(BASE, gpt, overrides)
+    opt = get_optimizer(BASE.replace(standard_overrides=False), gpt, overrides)  # these rules alone
     assert [g["optimizer"] for g in opt.param_groups] == ["adam", "lion", "adam"]
     assert opt.param_groups[0]["param_names"][0] == "decoder.layers.0.input_layernorm.weight"
 
@@ -111,7 +114,7 @@ def test_bad_overrides_raise_naming_rule_field_and_value(
 ) -> None:
     before = [p.clone() for p in gpt.parameters()]
     with pytest.raises(error, match=pattern):
-        get_optimizer(BASE, gpt, overrides)  # type: ignore[arg-type]
+        get_optimizer(BASE.replace(standard_overrides=False), gpt, overrides)  # type: ignore[arg-type]  # the rules alone: their numbers
     assert all(torch.equal(a, b) for a, b in zip(before, gpt.parameters()))
 
 
@@ -187,7 +190,9 @@ def test_add_param_group_refuses_a_param_outside_the_model(gpt: torch.nn.Module)
 
 
 def test_decoupled_lr_with_explicit_overrides_warns_unless_merged_in(gpt: torch.nn.Module) -> None:
-    config = BASE.replace(decoupled_lr=5e-4)
+    # Only where the standard overrides are off (Megatron-Core's meaning): by default they lie
+    # under the dict and decoupled_lr acts (tests/optzoo/test_overrides_layering.py).
+    config = BASE.replace(decoupled_lr=5e-4, standard_overrides=False)
     with pytest.warns(UserWarning, match=r"`OptimizerConfig.decoupled_lr`: has no effect with explicit config_overrides; got 0.0005"):
         get_optimizer(config, gpt, {ParamKey(name="*.bias"): {"wd_mult": 0.0}})
     import warnings

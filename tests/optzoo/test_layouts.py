@@ -305,7 +305,7 @@ def _wrapped_twins(case: str, precision: str, name: str) -> tuple[Holder, Holder
 
 
 def _wrapped(config: OptimizerConfig, model: nn.Module) -> Any:
-    return get_optimizer(config, model, {}, trace=False, lint=False)
+    return get_optimizer(config.replace(standard_overrides=False), model, {}, trace=False, lint=False)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)

@@ -63,19 +63,22 @@ def test_an_embedding_or_head_sent_to_muon_by_a_rule() -> None:
 
 
 def test_decayed_biases_norms_and_vectors() -> None:
-    assert findings(ADAMW, nanogpt(), {}) == [(
+    # {} alone (standard_overrides=False, Megatron-Core's meaning): nothing keeps decay off them.
+    assert findings(ADAMW.replace(standard_overrides=False), nanogpt(), {}) == [(
         "decayed-vector",
         ("transformer.h.0.ln_1.weight", *BIASES[:1], *BIASES[1:3], "transformer.h.0.ln_2.weight", *BIASES[3:],
          "transformer.ln_f.weight", "transformer.ln_f.bias"),
         "`transformer.h.0.ln_1.weight`, `transformer.h.0.ln_1.bias`, `transformer.h.0.attn.c_attn.bias`, "
         "`transformer.h.0.attn.c_proj.bias`, `transformer.h.0.ln_2.weight`, `transformer.h.0.mlp.c_fc.bias`, "
         "`transformer.h.0.mlp.c_proj.bias`, `transformer.ln_f.weight`, `transformer.ln_f.bias`: biases, norms, "
-        "elementwise or 1-D params with weight decay; got weight_decay=0.1 in param group #0 (rules: none); expected no "
-        "decay on them (the standard overrides give none: {**get_standard_config_overrides(config), **yours}): add "
+        "elementwise or 1-D params with weight decay; got weight_decay=0.1 in param group #0 (rules: none; the standard "
+        "overrides are off: config_overrides is used alone (standard_overrides=False, Megatron-Core's meaning); "
+        "standard_overrides=True lays them under your rules); expected no decay on them: add "
         "{ParamKey(name=('transformer.h.0.ln_1.weight', 'transformer.h.0.ln_1.bias', 'transformer.h.0.attn.c_attn.bias', "
         "... (+6 more))): {'wd_mult': 0.0}}",
     )]  # fmt: skip
-    assert findings(ADAMW.replace(weight_decay=0.0), nanogpt(), {}) == []
+    assert findings(ADAMW.replace(weight_decay=0.0, standard_overrides=False), nanogpt(), {}) == []
+    assert findings(ADAMW, nanogpt(), {}) == []  # issue 25: the standard overrides lie under {}
 
 
 def test_a_2d_bias_stack_is_decayed_by_megatrons_rule_but_not_by_ours() -> None:
@@ -83,8 +86,8 @@ def test_a_2d_bias_stack_is_decayed_by_megatrons_rule_but_not_by_ours() -> None:
     model.experts = nn.Module()
     model.experts.down_proj_bias = nn.Parameter(torch.zeros(4, 8))  # GPT-OSS's stack of expert biases
     megatron = {ParamKey(name="*.bias", predicate=get_predicate("is_1d")): {"wd_mult": 0.0}}  # type: ignore[arg-type]
-    with pytest.warns(UserWarning, match=r"matched no parameter"):
-        assert [(kind, params) for kind, params, _ in findings(ADAMW, model, megatron)] == [
+    with pytest.warns(UserWarning, match=r"matched no parameter"):  # Megatron's rule alone: standard_overrides=False
+        assert [(kind, params) for kind, params, _ in findings(ADAMW.replace(standard_overrides=False), model, megatron)] == [
             ("decayed-vector", ("experts.down_proj_bias",)),
         ]
     assert findings(ADAMW, model) == []  # the standard overrides' role=('bias', 'norm', 'elementwise') takes it
@@ -144,9 +147,10 @@ def test_a_rule_wholly_shadowed_by_earlier_ones() -> None:
 
 def test_get_optimizer_warns_once_per_finding_and_lint_false_is_quiet() -> None:
     overrides = {ParamKey(name="lm_head.weight"): {"lr": 1e-4}}  # no standard overrides: decayed norms too
+    alone = ADAMW.replace(standard_overrides=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        get_optimizer(ADAMW, nanogpt(), overrides)
+        get_optimizer(alone, nanogpt(), overrides)
     lint = [w for w in caught if issubclass(w.category, RoutingLintWarning)]
     assert [re.match(r"lint: ([\w-]+): ", str(w.message)).group(1) for w in lint] == [  # type: ignore[union-attr]
         "decayed-vector", "tied-names-disagree",
@@ -154,7 +158,7 @@ def test_get_optimizer_warns_once_per_finding_and_lint_false_is_quiet() -> None:
     assert {w.filename for w in lint} == {__file__}  # points at the caller
     with warnings.catch_warnings():
         warnings.simplefilter("error", RoutingLintWarning)
-        get_optimizer(ADAMW, nanogpt(), overrides, lint=False)
+        get_optimizer(alone, nanogpt(), overrides, lint=False)
 
 
 # ---- every fix the linter suggests removes its finding ------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from optzoo import OptimizerConfig, ParamKey, get_optimizer
+from optzoo import OptimizerConfig, ParamKey, get_megatron_optimizer, get_optimizer
 from tests.conftest import twin as copy_model
 
 
@@ -48,7 +48,7 @@ def test_megatron_overlapping_matches_give_conv1_its_own_schedule_above_the_base
     torch.manual_seed(0)
     net = Net()
     overrides = {ParamKey(name="*conv*"): {"wd_mult": 0.0}, ParamKey(name="*conv1*"): {"min_lr": 10, "max_lr": 20}}
-    optimizer = get_optimizer(OptimizerConfig(optimizer="adam", lr=0.01), net, overrides, lint=False)
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01), net, overrides)  # Megatron's meaning: these rules alone
     groups = {tuple(g["param_names"]): g for g in optimizer.param_groups}
     assert set(groups) == {
         ("conv1.weight", "conv1.bias"), ("conv2.weight", "conv2.bias"),
@@ -421,7 +421,8 @@ def test_reload_model_params_with_a_state_dict_is_refused_under_the_precision_aw
 def _two_algorithms() -> tuple[torch.optim.Optimizer, nn.Module]:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     overrides = {ParamKey(name="1.*"): {"optimizer": "sgd"}}
-    return get_optimizer(OptimizerConfig(lr=0.1, loss_scale=4.0, bf16=True), model.to(torch.bfloat16), overrides, lint=False), model
+    config = OptimizerConfig(lr=0.1, loss_scale=4.0, bf16=True, standard_overrides=False)  # two groups: these rules alone
+    return get_optimizer(config, model.to(torch.bfloat16), overrides, lint=False), model
 
 
 def test_chained_optimizers_show_each_inner_optimizer_as_megatron_code_reads_it() -> None:

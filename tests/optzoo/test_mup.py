@@ -184,7 +184,8 @@ def test_muon_llm_recipe_with_mup_as_muon(model: nn.Module) -> None:
     assert recipe is not None
     with pytest.warns(UserWarning) as caught:
         overrides = get_mup_config_overrides(config, 2.0, "muon")
-    assert [str(w.message) for w in caught] == [SPECTRAL_WARNING]
+    # The recipe's Moonlight scale is spectral's times 0.2: the same warning, naming it.
+    assert [str(w.message) for w in caught] == [SPECTRAL_WARNING.replace("'spectral'", "'match_rms_adamw'")]
     assert [g[:2] + g[-1:] for g in groups(config, model, {**recipe, **overrides})] == [
         ("muon", 3e-4, MATRICES),  # Muon's own: no MuP lr
         ("adam", 3e-4, [EMBED, POS]),  # vector-like: base lr

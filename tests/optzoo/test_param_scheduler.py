@@ -408,7 +408,7 @@ def test_groups_carry_start_wd_and_end_wd_only_where_an_override_sets_them() -> 
 def test_a_negative_start_wd_or_end_wd_override_is_a_value_error() -> None:
     for name in ("start_wd", "end_wd"):
         with pytest.raises(ValueError, match=rf"^`param group #1 \(rules #0 name='\*.bias'\)`: `{name}` must be a finite float >= 0; got -0.1; expected e.g. 0.0$"):
-            get_optimizer(OptimizerConfig(lr=1.0), tiny_gpt(), {ParamKey(name="*.bias"): {name: -0.1}})
+            get_optimizer(OptimizerConfig(lr=1.0, standard_overrides=False), tiny_gpt(), {ParamKey(name="*.bias"): {name: -0.1}})  # the rule alone
 
 
 def test_the_scheduler_s_wd_ramp_reaches_groups_without_an_override_times_wd_mult() -> None:

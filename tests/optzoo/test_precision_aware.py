@@ -59,7 +59,7 @@ def test_equals_precision_aware_adam_driven_directly() -> None:
     model, direct_model = tiny_gpt().to(torch.bfloat16), tiny_gpt().to(torch.bfloat16)
     direct_model.load_state_dict(model.state_dict())
     config = REMAINDERS.replace(clip_grad=0.0)
-    opt = get_optimizer(config, model, {})
+    opt = get_optimizer(config.replace(standard_overrides=False), model, {})
     direct = PrecisionAwareAdam(
         direct_model.parameters(), lr=3e-3, weight_decay=0.1, master_weights=True, store_param_remainders=True,
     )
@@ -115,7 +115,7 @@ def test_resume_with_remainders_is_bit_identical() -> None:
 
 def test_other_optimizers_are_refused_per_group() -> None:
     with pytest.raises(ValueError, match=r"param group #1 \(rules #0 name='\*.weight'\): `OptimizerConfig.optimizer`: use_precision_aware_optimizer supports adam only; got 'lion'; expected 'adam'"):
-        get_optimizer(REMAINDERS, tiny_gpt().to(torch.bfloat16), {ParamKey(name="*.weight"): {"optimizer": "lion"}})
+        get_optimizer(REMAINDERS.replace(standard_overrides=False), tiny_gpt().to(torch.bfloat16), {ParamKey(name="*.weight"): {"optimizer": "lion"}})
 
 
 def test_remainders_need_bf16_params() -> None:

@@ -100,13 +100,13 @@ class Reordered(torch.nn.Module):
 
 def test_a_reordered_model_loads_by_name() -> None:
     model = tiny_gpt()
-    opt = get_optimizer(CONFIG.replace(decoupled_lr=None), model, {})
+    opt = get_optimizer(CONFIG.replace(decoupled_lr=None, standard_overrides=False), model, {})
     _train(model, opt, [tokens() for _ in range(2)])
 
     other = Reordered()
     other.load_state_dict(model.state_dict())
     assert [n for n, _ in other.named_parameters()][0] == "output_layer.weight"
-    other_opt = get_optimizer(CONFIG.replace(decoupled_lr=None), other, {})
+    other_opt = get_optimizer(CONFIG.replace(decoupled_lr=None, standard_overrides=False), other, {})
     other_opt.load_state_dict(_roundtrip(opt.state_dict()))
     by_name = dict(other.named_parameters())
     for name, param in model.named_parameters():
@@ -147,9 +147,9 @@ def test_mismatched_checkpoints_raise_and_change_nothing(gpt: torch.nn.Module, m
 
 
 def test_changed_routing_is_a_clear_error(gpt: torch.nn.Module) -> None:
-    opt = get_optimizer(CONFIG.replace(decoupled_lr=None), gpt, {})
+    opt = get_optimizer(CONFIG.replace(decoupled_lr=None, standard_overrides=False), gpt, {})
     _train(gpt, opt, [tokens()])
-    other = get_optimizer(CONFIG.replace(decoupled_lr=None), twin(gpt), {ParamKey(name="*.bias"): {"wd_mult": 0.0}})
+    other = get_optimizer(CONFIG.replace(decoupled_lr=None, standard_overrides=False), twin(gpt), {ParamKey(name="*.bias"): {"wd_mult": 0.0}})
     with pytest.raises(ValueError, match=r"`state_dict`: param group #0 differs from the checkpoint's; got \[.*\]; expected \[.*\] \(was the routing changed\?\)"):
         other.load_state_dict(opt.state_dict())
 

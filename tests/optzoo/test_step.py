@@ -18,7 +18,7 @@ def _steps_beside_torch_clipping(
     """Step ``model`` with ``config`` beside a twin clipped by ``clip_grad_norm_`` and stepped by
     fused AdamW, on the same gradients; yields ours, the reference norm and the twin each step."""
     reference_model = twin(model)
-    ours = get_optimizer(config, model, {})
+    ours = get_optimizer(config.replace(standard_overrides=False), model, {})
     reference = torch.optim.AdamW(reference_model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
     generator_a, generator_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
     for _ in range(steps):
@@ -58,7 +58,7 @@ def test_folded_clipping_rounds_each_gradient_once_and_stays_within_two_ulps_of_
 def test_a_step_that_clips_nothing_is_torchs_adamw_bit_for_bit(odd_model: torch.nn.Module, fold: bool) -> None:
     config = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_grad=1e6, fold_clip_and_scale=fold)
     reference_model = twin(odd_model)
-    ours = get_optimizer(config, odd_model, {})
+    ours = get_optimizer(config.replace(standard_overrides=False), odd_model, {})
     reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
     generator_a, generator_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     for _ in range(3):
@@ -197,7 +197,7 @@ class CountHostReads(TorchFunctionMode):
 
 
 def _train(model: torch.nn.Module, config: OptimizerConfig, steps: int, *, seed: int = 5, grad_scale: float = 1.0) -> list[tuple[bool, float | None]]:
-    opt = get_optimizer(config, model, {})
+    opt = get_optimizer(config.replace(standard_overrides=False), model, {})
     generator = torch.Generator().manual_seed(seed)
     results = []
     for _ in range(steps):
@@ -216,7 +216,7 @@ def test_folding_is_bitwise_the_passes_where_the_factor_is_one_multiply(optimize
     config = OptimizerConfig(optimizer=optimizer, lr=1e-2, clip_grad=0.5)
     folded, passes = tiny_gpt(), tiny_gpt()
     passes.load_state_dict(folded.state_dict())
-    opt = get_optimizer(config, folded, {})
+    opt = get_optimizer(config.replace(standard_overrides=False), folded, {})
     in_kernel = {name for g in opt.param_groups if g["optimizer"] in ("adam", "sgd") for name in g["param_names"]}
     assert _train(folded, config, 3) == _train(passes, config.replace(fold_clip_and_scale=False), 3)
     for (name, p), q in zip(folded.named_parameters(), passes.parameters(), strict=True):

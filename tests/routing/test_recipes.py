@@ -593,7 +593,8 @@ def test_muon_llm_routes_hidden_matrices_to_muon_and_the_rest_to_adamw(model: nn
     ]
     assert [type(inner).__name__ for inner in optimizer.optimizers] == ["Muon", "AdamW"]
     muon = optimizer.param_groups[0]
-    assert (muon["momentum"], muon["scale_mode"], muon["extra_scale_factor"]) == (0.95, "spectral", 0.2)
+    # Moonlight's scale under torch's name (it was spectral with an extra 0.2: the same factor).
+    assert (muon["momentum"], muon["scale_mode"], muon["extra_scale_factor"]) == (0.95, "match_rms_adamw", 1.0)
     assert optimizer.param_groups[1]["betas"] == (0.9, 0.95)
 
 

@@ -502,3 +502,31 @@ def test_routings_compare_without_comparing_tensor_values() -> None:
     overrides = {BIAS: {"wd_mult": 0.0}}
     assert resolve_quietly(first, overrides) == resolve_quietly(first, overrides)
     assert isinstance(resolve_quietly(first, overrides) == resolve_quietly(second, overrides), bool)
+
+
+# ---- defaults: keys laid under config_overrides (issue 25, the standard overrides) ---------------
+
+
+def test_rule_merge_defaults_lie_under_the_keys_which_win_field_by_field(gpt: GPT) -> None:
+    defaults = {BIAS: {"wd_mult": 0.0, "lr_mult": 2.0}}
+    routing = resolve_param_groups(gpt, {ParamKey(name="decoder.layers.0.*"): {"wd_mult": 1.0}}, defaults=defaults)
+    assert override_of(routing, L0_QKV_B) == {"wd_mult": 1.0, "lr_mult": 2.0}  # the key's wd_mult, the default's lr_mult
+    assert override_of(routing, L1_QKV_B) == {"wd_mult": 0.0, "lr_mult": 2.0}
+    assert override_of(routing, L0_QKV_W) == {"wd_mult": 1.0}
+    assert routing.keys == (ParamKey(name="decoder.layers.0.*"), BIAS) and routing.defaults == (1,)
+
+
+def test_rule_merge_a_key_hides_the_defaults_linked_fields(gpt: GPT) -> None:
+    defaults = {BIAS: {"wd_mult": 0.0}}
+    linked = [("weight_decay", "wd_mult")]
+    routing = resolve_param_groups(gpt, {ParamKey(name="*.bias"): {"weight_decay": 0.2}}, defaults=defaults, linked_fields=linked)
+    assert override_of(routing, L0_QKV_B) == {"weight_decay": 0.2}
+
+
+def test_rule_conflict_between_defaults_still_raises_and_unmatched_defaults_stay_quiet(gpt: GPT) -> None:
+    with pytest.raises(RoutingConflictError, match=r"conflicting values for field `wd_mult` from rule #0 .* and rule #1 "):
+        resolve_param_groups(gpt, {}, defaults={BIAS: {"wd_mult": 0.0}, ParamKey(name="*"): {"wd_mult": 1.0}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        routing = resolve_param_groups(gpt, {BIAS: {"lr_mult": 2.0}}, defaults={ParamKey(name="nothing.*"): {"wd_mult": 0.0}})
+    assert routing.unmatched == ()

@@ -53,3 +53,23 @@ def upstream_newton_schulz(x: torch.Tensor, *, steps: int, coefficient_type: str
         return torch.stack([_emerging.newton_schulz(m, steps=steps, coefficient_type=coefficient_type) for m in x])
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def torch_newton_schulz_in_float64(
+    grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float
+) -> torch.Tensor:
+    """``torch.optim._muon._zeropower_via_newtonschulz`` (torch 2.14) line for line, in float64
+    instead of its hard-wired bf16: swapped in for torch's, it leaves ``torch.optim.Muon``'s own
+    momentum, weight decay and ``adjust_lr_fn`` to be compared with ours at float64 rounding."""
+    a, b, c = ns_coefficients
+    ortho_grad = grad.double()
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    ortho_grad = ortho_grad.div(ortho_grad.norm().clamp(min=eps))
+    for _ in range(ns_steps):
+        gram_matrix = ortho_grad @ ortho_grad.T
+        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    return ortho_grad
