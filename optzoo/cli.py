@@ -8,6 +8,8 @@ lines wrap with indented continuations. JSON output is never wrapped.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -15,7 +17,7 @@ import re
 import sys
 import tomllib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from tabulate import tabulate
@@ -163,13 +165,31 @@ LINT_EXIT_STATUS = 3
 """Exit status of ``optzoo lint`` (and ``dump-param-groups --lint``) under ``--strict`` when it finds something."""
 
 
+@contextlib.contextmanager
+def _current_directory_importable() -> Iterator[None]:
+    """The current directory first on the import path while ``--model package.module:callable``
+    is built, as ``python -m`` has it (the ``optzoo`` script has its own folder there instead).
+    Only this entry point does it, and it puts the path back as it found it."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
 def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGroup], Routing]:
     """The config file (or the default config) and the model of ``args``, routed; warnings to stderr."""
     if args.config:
         config, overrides = load_config_file(args.config)
     else:
         config, overrides = OptimizerConfig(lr=DEFAULT_LR), None
-    model = build_model(args.model)
+    with _current_directory_importable():
+        model = build_model(args.model)
     chunks = model if isinstance(model, list) else [model]
     if not named_trainable_parameters(chunks):
         raise ValueError(f"`--model`: no trainable parameters; got {args.model!r}; expected a model with at least one")

@@ -9,11 +9,9 @@ routing recipes written for Megatron apply unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -174,8 +172,8 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
     ``hf:LlamaConfig`` (a ``transformers`` config class, tiny sizes), ``hf:path/to/config.json``
     or ``hf:path/to/folder`` (as ``save_pretrained`` writes it; ``:AutoModelForX`` after any of
     them picks the Auto class) builds a randomly initialised model with
-    :func:`optzoo.hf.build_hf_model`. ``package.module`` is imported with the current directory
-    first on ``sys.path``, as ``python -m`` has it, so a ``models.py`` beside you is found.
+    :func:`optzoo.hf.build_hf_model`. The ``optzoo`` command imports ``package.module`` with the
+    current directory first on the import path, as ``python -m`` has it.
 
     Raises:
         ValueError: Unknown built-in name or a malformed spec.
@@ -188,24 +186,7 @@ def build_model(spec: str, *, device: str | torch.device = "meta") -> nn.Module 
 
         with torch.device(device):
             return build_hf_model(spec.removeprefix("hf:"))
-    with _current_directory_importable():
-        return _build(spec, device)
-
-
-@contextlib.contextmanager
-def _current_directory_importable() -> Iterator[None]:
-    """The current directory first on ``sys.path`` while a ``--model`` module is imported and
-    called (``python -m`` puts it there; the ``optzoo`` script has its own folder instead)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-        importlib.invalidate_caches()
-    try:
-        yield
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
+    return _build(spec, device)
 
 
 def _build(spec: str, device: str | torch.device) -> nn.Module | list[nn.Module]:

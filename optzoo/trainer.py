@@ -57,9 +57,10 @@ def trainer_optimizer(config: OptimizerConfig, **get_optimizer_kwargs: Any) -> t
         >>> factory, kwargs = trainer_optimizer(OptimizerConfig(optimizer="muon", lr=0.02))
         >>> is_optimizer_factory(factory), sorted(kwargs)
         (True, ['config'])
-        >>> optimizer = factory()(torch.nn.Linear(4, 4), **kwargs)  # what Trainer.create_optimizer does
-        >>> [g["optimizer"] for g in optimizer.param_groups]
-        ['muon', 'adam']
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> optimizer = factory()(model, **kwargs)  # what Trainer.create_optimizer does
+        >>> [(g["optimizer"], g["param_names"]) for g in optimizer.param_groups]  # the last Linear is the head
+        [('muon', ['0.weight']), ('adam', ['2.weight']), ('adam', ['0.bias', '2.bias'])]
     """
     if not isinstance(config, OptimizerConfig):
         raise TypeError(f"`config`: not an OptimizerConfig; got {type(config).__name__}; expected optzoo.OptimizerConfig")
