@@ -185,7 +185,7 @@ FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(
 RANGES: dict[str, Callable[[float], bool]] = {
     **{f: (lambda v: 0 <= v < 1) for f in ("adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum",
                                             "lion_beta1", "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2")},
-    **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr")},
+    **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr", "muon_scalar_lr")},
     "adam_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
     "grad_norm_skip_threshold": lambda v: v > 0,  # inf: never skip
     "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
@@ -249,6 +249,8 @@ def config_trial(field: dataclasses.Field[Any], value: Any) -> str | None:
     except Exception as error:  # noqa: BLE001
         return f"wrong exception {type(error).__name__}: {short(error)}"
     stored = getattr(config, field.name)
+    if field.name in ("optimizer", "muon_scalar_optimizer") and isinstance(value, str) and stored == value.lower() in CHOICES[field.name]:
+        return None  # optimizer names are read in any case and stored as registered (docs/optimizers.md)
     if type(stored) is not type(value) or (stored != value and stored is not value):
         return f"silently coerced {value!r} to {stored!r}"
     if expected_valid(field, value) is False:
@@ -386,7 +388,7 @@ def routing_trials() -> Iterator[Trial]:
 
     yield "warn:same-name-predicates", lambda: expect_warning(same_name_predicates, ("dup",))
     yield "warn:decoupled_lr-unused", lambda: expect_warning(
-        routed({BIAS: {"wd_mult": 0.0}}, config=OptimizerConfig(lr=1e-3, decoupled_lr=1e-4)), ("decoupled_lr",))
+        routed({BIAS: {"wd_mult": 0.0}}, config=OptimizerConfig(lr=1e-3, decoupled_lr=1e-4, standard_overrides=False)), ("decoupled_lr",))
 
 
 # ---- 3. step faults --------------------------------------------------------------------------
