@@ -35,6 +35,18 @@ def lion(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     return optimizer
 
 
+def laprop(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``emerging_optimizers.scalar_optimizers.LaProp`` (Ziyin et al., 2020) over complete groups.
+
+    Groups carry ``lr``, ``weight_decay``, ``betas``, ``eps`` and ``correct_bias``; weight decay is
+    decoupled and ``frob_normalize`` off (upstream's defaults; optzoo refuses it on, as it makes the
+    update depend on the whole param). Upstream ``torch.compile``s its update, kept as is: the first
+    step of each dtype pays for a compilation (seconds on CPU).
+    """
+    optimizer: torch.optim.Optimizer = _upstream_class("LaProp")(param_groups, weight_decay_method="decoupled")
+    return optimizer
+
+
 def soap(param_groups: list[dict[str, Any]], *, use_kl_shampoo: bool) -> torch.optim.Optimizer:
     """``emerging_optimizers.soap.SOAP`` (Vyas et al., 2024) over complete groups.
 
@@ -135,6 +147,10 @@ def _upstream_class(name: str) -> Any:  # an untyped upstream class
             from emerging_optimizers.scalar_optimizers.lion import Lion
 
             upstream = _eager_on_cpu(Lion)
+        elif name == "LaProp":
+            from emerging_optimizers.scalar_optimizers.laprop import LaProp
+
+            upstream = LaProp
         else:
             from emerging_optimizers.soap.soap import SOAP
 
@@ -145,7 +161,7 @@ def _upstream_class(name: str) -> Any:  # an untyped upstream class
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Lion", "SOAP"):  # built on first use: upstream is imported lazily
+    if name in ("Lion", "LaProp", "SOAP"):  # built on first use: upstream is imported lazily
         return _upstream_class(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -241,17 +241,21 @@ register(
     )
 )
 
-def _build_lion(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    # Lion's update is sign(·): undefined for complex numbers (torch's adam and sgd step them).
+def _refuse_complex(groups: ParamGroups, name: str, why: str) -> None:
+    """Raise for complex params, which the element-wise upstream updates do not define (torch's adam and sgd step them)."""
     for group_index, group in enumerate(groups):
         names = group.get("param_names")
         for param_index, param in enumerate(group["params"]):
             if param.is_complex():
                 where = f"`{names[param_index]}`" if names else f"param group #{group_index}, param #{param_index}"
                 raise ValueError(
-                    f"{where}: lion takes real params (its update is a sign); got a {param.dtype} param; "
+                    f"{where}: {name} takes real params ({why}); got a {param.dtype} param; "
                     "expected a real floating dtype: route it to adam or sgd"
                 )
+
+
+def _build_lion(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    _refuse_complex(groups, "lion", "its update is a sign")
     return _emerging.lion(groups)
 
 
@@ -491,5 +495,30 @@ register(
         },  # fmt: skip
         build=lambda groups, instance: _without_ns_warning(AdaptiveMuon, groups, instance),
         matrix_views=True,
+    )
+)
+
+
+def _build_laprop(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    _refuse_complex(groups, "laprop", "its second moment squares the gradient element-wise")
+    return _emerging.laprop(groups)
+
+
+register(
+    OptimizerSpec(
+        name="laprop",
+        description="LaProp: Adam's second moment normalises the grad before momentum (Ziyin et al., 2020)",
+        source="emerging-optimizers",
+        family="preconditioned",  # MuP: hidden lr scales by 1/width; laprop_eps is left as set
+        elementwise=True,
+        update_cost=elementwise_cost,
+        shapes="any",
+        config_fields=("laprop_beta1", "laprop_beta2", "laprop_eps", "laprop_correct_bias"),
+        instance_fields=(),
+        group_options=lambda c: {
+            "betas": (c["laprop_beta1"], c["laprop_beta2"]), "eps": c["laprop_eps"], "correct_bias": c["laprop_correct_bias"],
+        },  # fmt: skip
+        build=_build_laprop,
+        scalar_fallback=True,
     )
 )

@@ -64,6 +64,7 @@ GROUP_FIELDS: tuple[str, ...] = (
     "muon_coefficient_type", "muon_num_ns_steps", "muon_tp_mode", "muon_extra_scale_factor",
     "muon_scalar_optimizer", "muon_scalar_lr", "muon_flatten_conv", "muon_input_layers",
     "lion_beta1", "lion_beta2",
+    "laprop_beta1", "laprop_beta2", "laprop_eps", "laprop_correct_bias",
     "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
     "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
 )  # fmt: skip
@@ -320,6 +321,16 @@ class OptimizerConfig:
     lion_beta2: float = 0.98
     """Lion's momentum decay."""
 
+    # ---- LaProp -----------------------------------------------------------------------------
+    laprop_beta1: float = 0.9
+    """LaProp's momentum decay (of the normalised gradient); upstream's ``betas[0]``."""
+    laprop_beta2: float = 0.999
+    """LaProp's second-moment decay; upstream's ``betas[1]``."""
+    laprop_eps: float = 1e-8
+    """Added to the root of LaProp's second moment; 0 turns a zero gradient element into 0/0."""
+    laprop_correct_bias: bool = True
+    """Adam-style bias correction of both LaProp moments."""
+
     # ---- Distributed optimizer --------------------------------------------------------------
     use_distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (ZeRO-1; :mod:`optzoo.distributed`)."""
@@ -439,7 +450,7 @@ class OptimizerConfig:
     def _check_ranges(self) -> None:
         for field in (
             "adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum", "lion_beta1",
-            "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
+            "lion_beta2", "laprop_beta1", "laprop_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
         ):  # fmt: skip
             value = getattr(self, field)
             if not 0.0 <= value < 1.0:
@@ -455,8 +466,9 @@ class OptimizerConfig:
         threshold = self.grad_norm_skip_threshold
         if not (finite_number(threshold) or threshold == math.inf) or not threshold > 0.0:
             raise _fail("grad_norm_skip_threshold", "must be a finite number > 0, or inf", threshold, "a number > 0, or inf to never skip")
-        if not self.adam_eps > 0.0:  # 0 turns a zero gradient element into 0/0
-            raise _fail("adam_eps", "must be positive", self.adam_eps, "a float > 0")
+        for field in ("adam_eps", "laprop_eps"):  # 0 turns a zero gradient element into 0/0
+            if not getattr(self, field) > 0.0:
+                raise _fail(field, "must be positive", getattr(self, field), "a float > 0")
         for low, high in (("min_lr", "lr"), ("decoupled_min_lr", "decoupled_lr")):
             floor, peak = getattr(self, low), getattr(self, high)
             if floor is not None and peak is not None and floor > peak:  # the schedule would anneal up
