@@ -12,7 +12,7 @@ from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads, train_with_resumed_twin
 
 NAMES = registered_names()
-LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02}
+LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03, "laprop": 0.05, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02}
 
 
 class Quadratic(torch.nn.Module):

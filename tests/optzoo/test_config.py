@@ -47,6 +47,8 @@ OPTZOO_EXTENSIONS = {
     "muon_flatten_conv": True, "muon_input_layers": True, "muon_fsdp_orthogonalize": "auto", "fold_clip_and_scale": True,
     "standard_overrides": True,  # issue 25: the standard overrides lie under an explicit dict
     "muon_scalar_lr": None,  # issue 25: the scalar optimizer's own lr
+    # issue 26: LaProp's fields, named Megatron's way (<name>_<kwarg>); defaults are upstream's
+    "laprop_beta1": 0.9, "laprop_beta2": 0.999, "laprop_eps": 1e-8, "laprop_correct_bias": True,
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 
@@ -95,7 +97,7 @@ def test_choice_aliases_match_emerging_optimizers() -> None:
         ({"muon_scale_mode": "rms"}, r"`OptimizerConfig.muon_scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling', 'original', 'match_rms_adamw', 'spectral_unclamped'\]"),
         ({"muon_coefficient_type": "cubic"}, r"`OptimizerConfig.muon_coefficient_type`: Unsupported muon coefficient type 'cubic'\. Supported types: \('simple', 'quintic', .*; got 'cubic'; expected one of \['simple', 'quintic', 'polar_express'"),
         ({"muon_tp_mode": "x"}, r"`OptimizerConfig.muon_tp_mode`: unknown value; got 'x'; expected one of \['blockwise', 'duplicated', 'distributed'\]"),
-        ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion'\]"),
+        ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion', 'laprop'\]"),
         ({"adaptive_muon_moment2_method": "x"}, r"`OptimizerConfig.adaptive_muon_moment2_method`: unknown value; got 'x'; expected one of \['adamuon', 'normuon', 'namo'\]"),
         ({"muon_fp32_matmul_prec": "low"}, r"`OptimizerConfig.muon_fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),
         ({"muon_num_ns_steps": 0}, r"`OptimizerConfig.muon_num_ns_steps`: must be a positive integer; got 0; expected an int >= 1"),
