@@ -39,9 +39,9 @@ def laprop(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """``emerging_optimizers.scalar_optimizers.LaProp`` (Ziyin et al., 2020) over complete groups.
 
     Groups carry ``lr``, ``weight_decay``, ``betas``, ``eps`` and ``correct_bias``; weight decay is
-    decoupled and ``frob_normalize`` off (upstream's defaults; optzoo refuses it on, as it makes the
-    update depend on the whole param). Upstream ``torch.compile``s its update, kept as is: the first
-    step of each dtype pays for a compilation (seconds on CPU).
+    decoupled and ``frob_normalize`` off (upstream's defaults; optzoo does not offer it: it makes the
+    update depend on the whole param). Upstream ``torch.compile``s its update; CPU params take
+    upstream's same function uncompiled (:func:`_laprop_eager_on_cpu`), other devices the compiled one.
     """
     optimizer: torch.optim.Optimizer = _upstream_class("LaProp")(param_groups, weight_decay_method="decoupled")
     return optimizer
@@ -140,6 +140,45 @@ def _eager_on_cpu(upstream: Any) -> Any:
     return Lion
 
 
+def _laprop_eager_on_cpu(upstream: Any) -> Any:
+    """Upstream's LaProp whose step runs upstream's ``calculate_laprop_update`` uncompiled for CPU params.
+
+    Compiled, a CPU process paid seconds for its first step, and once dynamo's recompile limit was
+    reached (a few dtypes, ranks and layouts) later calls ran eagerly: the result then depended on
+    which shapes came first (the kernel and eager division differ by an ulp). Eager is the same
+    arithmetic every time. The loop is upstream 0.3.0's ``LaProp.step`` without ``frob_normalize``.
+    """
+    from emerging_optimizers.scalar_optimizers.update_functions import laprop as functions
+
+    compiled = functions.calculate_laprop_update
+    eager = compiled._torchdynamo_orig_callable
+
+    class LaProp(upstream):  # type: ignore[misc]  # untyped upstream
+        __doc__ = upstream.__doc__
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> None:
+            if closure is not None:
+                raise ValueError("closure is not supported")  # upstream's message; _keeping_contract runs closures
+            for group in self.param_groups:
+                self._init_group(group)
+                lr, weight_decay = group["lr"], group["weight_decay"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    state["step"] += 1
+                    self._apply_weight_decay_inplace(p.data, p.grad, lr, weight_decay)
+                    update = (eager if p.device.type == "cpu" else compiled)(
+                        p.grad, state["exp_avg"], state["exp_avg_sq"], betas=group["betas"], eps=group["eps"],
+                        correct_bias=group["correct_bias"], step=state["step"],
+                    )  # fmt: skip
+                    p.data.add_(update, alpha=-lr)
+
+    LaProp.__module__ = upstream.__module__
+    return LaProp
+
+
 @functools.cache
 def _upstream_class(name: str) -> Any:  # an untyped upstream class
     try:
@@ -150,7 +189,7 @@ def _upstream_class(name: str) -> Any:  # an untyped upstream class
         elif name == "LaProp":
             from emerging_optimizers.scalar_optimizers.laprop import LaProp
 
-            upstream = LaProp
+            upstream = _laprop_eager_on_cpu(LaProp)
         else:
             from emerging_optimizers.soap.soap import SOAP
 

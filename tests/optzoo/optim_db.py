@@ -107,12 +107,18 @@ _WRAPPER_INPUTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("clip_grad", {"clip_grad": 0.5}),
     ],
     "lion": [("nonzero weight_decay", {"weight_decay": 0.1}), ("betas", {"lion_beta1": 0.8, "lion_beta2": 0.9})],
+    "laprop": [
+        ("nonzero weight_decay", {"weight_decay": 0.1}),
+        ("betas and eps", {"laprop_beta1": 0.8, "laprop_beta2": 0.95, "laprop_eps": 1e-6}),
+        ("no bias correction", {"laprop_correct_bias": False}),
+    ],
     "soap": [("nonzero weight_decay", {"weight_decay": 0.1}), ("kl-shampoo", {"soap_use_kl_shampoo": True})],
     "muon": [
         ("nonzero weight_decay", {"weight_decay": 0.1}),
         ("nesterov", {"muon_nesterov": True, "muon_momentum": 0.9}),
         ("unit_rms_norm", {"muon_scale_mode": "unit_rms_norm"}),
         ("lion for the rest", {"muon_scalar_optimizer": "lion"}),
+        ("laprop for the rest", {"muon_scalar_optimizer": "laprop"}),
     ],
     "adaptive_muon": [
         ("normuon", {"adaptive_muon_moment2_method": "normuon"}),
@@ -130,6 +136,7 @@ _CONFIG_ERRORS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
 _ALGORITHM_ERRORS: dict[str, list[tuple[str, dict[str, Any], type[Exception], str]]] = {
     "adam": [("beta1 of 1", {"adam_beta1": 1.0}, ValueError, r"`OptimizerConfig.adam_beta1`: must lie in \[0, 1\); got 1.0")],
     "sgd": [("momentum of 1", {"sgd_momentum": 1.0}, ValueError, r"`OptimizerConfig.sgd_momentum`: must lie in \[0, 1\); got 1.0")],
+    "laprop": [("eps of 0", {"laprop_eps": 0.0}, ValueError, r"`OptimizerConfig.laprop_eps`: must be positive; got 0.0")],
     "muon": [
         ("momentum of 1", {"muon_momentum": 1.0}, ValueError, r"`OptimizerConfig.muon_momentum`: must lie in \[0, 1\); got 1.0"),
         ("bad coefficients", {"muon_coefficient_type": "cubic"}, ValueError, r"Unsupported muon coefficient type 'cubic'"),
