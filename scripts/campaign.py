@@ -184,9 +184,10 @@ CHOICES = {
 FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)
 RANGES: dict[str, Callable[[float], bool]] = {
     **{f: (lambda v: 0 <= v < 1) for f in ("adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum",
-                                            "lion_beta1", "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2")},
+                                            "lion_beta1", "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
+                                            "laprop_beta1", "laprop_beta2")},
     **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr", "muon_scalar_lr")},
-    "adam_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
+    "adam_eps": lambda v: v > 0, "laprop_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
     "grad_norm_skip_threshold": lambda v: v > 0,  # inf: never skip
     "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
     "min_loss_scale": lambda v: FP32_TINY <= v <= min(FP32_MAX, 2.0**32),  # and <= initial_loss_scale
