@@ -8,6 +8,7 @@ so keeping the imports in one place makes an upgrade one file's work. Imports ar
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -106,54 +107,12 @@ def lion_update_as_compiled(grad: torch.Tensor, exp_avg: torch.Tensor, *, betas:
     return update.to(exp_avg.dtype)
 
 
-def _eager_on_cpu(upstream: Any) -> Any:
-    """Upstream's Lion whose step computes the update of CPU params with
-    :func:`lion_update_as_compiled`, not upstream's compiled function.
+def _stepping_cpu_params_eagerly(upstream: Any, update: Callable[[torch.Tensor, dict[str, Any], dict[str, Any]], torch.Tensor]) -> Any:
+    """Upstream's element-wise optimizer whose step takes each param's update from ``update(param,
+    state, group)``: the loop is upstream 0.3.0's ``step`` (state init, decoupled weight decay,
+    ``p -= lr * update``); only the update function changes, and only where compiling does not pay."""
 
-    The loop is upstream 0.3.0's ``Lion.step`` (its state init and weight decay); only the
-    update function changes, and only where compiling does not pay.
-    """
-    from emerging_optimizers.scalar_optimizers.update_functions import lion as functions
-
-    compiled = functions.calculate_lion_update
-    eager = lion_update_as_compiled
-
-    class Lion(upstream):  # type: ignore[misc]  # untyped upstream
-        __doc__ = upstream.__doc__
-
-        @torch.no_grad()
-        def step(self, closure: Any = None) -> None:
-            if closure is not None:
-                raise ValueError("closure is not supported")  # upstream's message; _keeping_contract runs closures
-            for group in self.param_groups:
-                self._init_group(group)
-                lr, betas, weight_decay = group["lr"], group["betas"], group["weight_decay"]
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    exp_avg = self.state[p]["exp_avg"]
-                    self._apply_weight_decay_inplace(p.data, p.grad, lr, weight_decay)
-                    update = (eager if p.device.type == "cpu" else compiled)(p.grad, exp_avg, betas=betas)
-                    p.data.add_(update, alpha=-lr)
-
-    Lion.__module__ = upstream.__module__
-    return Lion
-
-
-def _laprop_eager_on_cpu(upstream: Any) -> Any:
-    """Upstream's LaProp whose step runs upstream's ``calculate_laprop_update`` uncompiled for CPU params.
-
-    Compiled, a CPU process paid seconds for its first step, and once dynamo's recompile limit was
-    reached (a few dtypes, ranks and layouts) later calls ran eagerly: the result then depended on
-    which shapes came first (the kernel and eager division differ by an ulp). Eager is the same
-    arithmetic every time. The loop is upstream 0.3.0's ``LaProp.step`` without ``frob_normalize``.
-    """
-    from emerging_optimizers.scalar_optimizers.update_functions import laprop as functions
-
-    compiled = functions.calculate_laprop_update
-    eager = compiled._torchdynamo_orig_callable
-
-    class LaProp(upstream):  # type: ignore[misc]  # untyped upstream
+    class Stepper(upstream):  # type: ignore[misc]  # untyped upstream
         __doc__ = upstream.__doc__
 
         @torch.no_grad()
@@ -166,17 +125,51 @@ def _laprop_eager_on_cpu(upstream: Any) -> Any:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
-                    state = self.state[p]
-                    state["step"] += 1
                     self._apply_weight_decay_inplace(p.data, p.grad, lr, weight_decay)
-                    update = (eager if p.device.type == "cpu" else compiled)(
-                        p.grad, state["exp_avg"], state["exp_avg_sq"], betas=group["betas"], eps=group["eps"],
-                        correct_bias=group["correct_bias"], step=state["step"],
-                    )  # fmt: skip
-                    p.data.add_(update, alpha=-lr)
+                    p.data.add_(update(p, self.state[p], group), alpha=-lr)
 
-    LaProp.__module__ = upstream.__module__
-    return LaProp
+    Stepper.__name__ = Stepper.__qualname__ = upstream.__name__
+    Stepper.__module__ = upstream.__module__
+    return Stepper
+
+
+def _eager_on_cpu(upstream: Any) -> Any:
+    """Upstream's Lion computing the update of CPU params with :func:`lion_update_as_compiled`, not
+    upstream's compiled function (bit for bit the same, without the first step's compile)."""
+    from emerging_optimizers.scalar_optimizers.update_functions import lion as functions
+
+    compiled = functions.calculate_lion_update
+
+    def update(p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor:
+        function: Callable[..., torch.Tensor] = lion_update_as_compiled if p.device.type == "cpu" else compiled
+        return function(p.grad, state["exp_avg"], betas=group["betas"])
+
+    return _stepping_cpu_params_eagerly(upstream, update)
+
+
+def _laprop_eager_on_cpu(upstream: Any) -> Any:
+    """Upstream's LaProp running upstream's ``calculate_laprop_update`` uncompiled for CPU params
+    (without ``frob_normalize``).
+
+    Compiled, a CPU process paid seconds for its first step, and once dynamo's recompile limit was
+    reached (a few dtypes, ranks and layouts) later calls ran eagerly: the result then depended on
+    which shapes came first (the kernel and eager division differ by an ulp). Eager is the same
+    arithmetic every time.
+    """
+    from emerging_optimizers.scalar_optimizers.update_functions import laprop as functions
+
+    compiled = functions.calculate_laprop_update
+    eager = compiled._torchdynamo_orig_callable
+
+    def update(p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor:
+        state["step"] += 1  # before the update, as upstream (weight decay does not read it)
+        function = eager if p.device.type == "cpu" else compiled
+        return function(  # type: ignore[no-any-return]
+            p.grad, state["exp_avg"], state["exp_avg_sq"], betas=group["betas"], eps=group["eps"],
+            correct_bias=group["correct_bias"], step=state["step"],
+        )  # fmt: skip
+
+    return _stepping_cpu_params_eagerly(upstream, update)
 
 
 @functools.cache

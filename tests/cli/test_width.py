@@ -167,7 +167,7 @@ def test_a_real_80_column_terminal(argv: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (a system package, not pip's); test_a_real_80_column_terminal checks the same widths on a pty")
 def test_tmux_80_columns(tmp_path: Path) -> None:
     """The same in tmux: ``capture-pane -J`` joins what the window wrapped, so an overlong line shows."""
     socket, done = f"optzoo-test-{uuid.uuid4().hex[:8]}", tmp_path / "done"

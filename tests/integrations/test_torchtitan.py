@@ -15,11 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("torchtitan")
-pytest.importorskip("transformers")
-
-from optzoo import OptimizerConfig  # noqa: E402
-from tests.distributed.harness import run_ranks  # noqa: E402
+from optzoo import OptimizerConfig
+from tests.distributed.harness import run_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,6 @@ from optzoo.cli import main
 from optzoo.config_file import load_config_file, parse_recipe
 from tests.conftest import tiny_gpt
 
-pytest.importorskip("yaml")
-
 BASE: dict[str, Any] = dict(
     init_lr=0.0, max_lr=0.1, min_lr=0.01, lr_warmup_steps=0, lr_decay_steps=10, lr_decay_style="cosine",
     start_wd=0.0, end_wd=0.1, wd_incr_steps=10, wd_incr_style="linear",
@@ -206,7 +204,6 @@ def test_dump_param_groups_refuses_a_config_logger_dir_that_get_optimizer_cannot
 
 
 def test_an_invalid_hf_json_config_names_the_file_and_position(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("transformers")
     path = write(tmp_path, "config.json", '{"model_type": "llama",\n  oops}')
     assert main(["dump-param-groups", "--model", f"hf:{path}"]) == 2
     assert capsys.readouterr().err == (
