@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from .._common import SCALAR_ROLES, MatrixView, did_you_mean, fused_supported
 from . import _emerging
 from .adaptive_muon import AdaptiveMuon
-from .muon import Muon
+from .muon import Muon, matrix_shape
 from .newton_schulz import NewtonSchulzWarning, newton_schulz_flops
 from .precision_adam import PrecisionAwareAdam
 
@@ -46,6 +46,9 @@ Family = Literal["adam", "sgd", "sign", "orthogonalized", "preconditioned"]
 vector-like params' lr scales by width); ``orthogonalized``, the Muon family (the matrices it
 manages keep its own shape scaling); ``sign`` (Lion) and ``preconditioned`` (SOAP): hidden lr."""
 ParamGroups = list[dict[str, Any]]
+StateBytes = Callable[[tuple[int, ...], Mapping[str, Any], torch.dtype], int]
+"""Bytes of the state tensors one param of this shape gets by its first step, given the group's
+config fields and the dtype the algorithm steps (the main param's: float32 under mixed precision)."""
 UpdateCost = Callable[[tuple[int, ...], Mapping[str, Any]], float]
 """FLOPs of one update of a param of this shape, given the group's config fields (``config_fields``),
 ``flatten`` (whether its N-D params are one flattened matrix) and ``matrix_view`` (the
@@ -63,6 +66,26 @@ forward multiplies by it (:class:`~optzoo._common.MatrixView`, or ``None`` when 
 ELEMENTWISE_FLOPS_PER_ELEMENT = 10
 """Rough cost of one element of an element-wise update (Adam: ~10 flops), to weigh element-wise
 params against Newton–Schulz FLOPs when the layer-wise planner balances ranks."""
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _float32_or_wider(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an optzoo class keeps state in: float32 for 16-bit params (``compute_dtype``)."""
+    return torch.float32 if _itemsize(dtype) < 4 else dtype
+
+
+def per_element_state(copies: int, *, float32: bool = False, step: bool = False) -> StateBytes:
+    """``copies`` param-shaped state tensors (in the param's dtype, or float32 and wider with
+    ``float32``), plus torch's 0-d float32 ``step`` tensor with ``step``."""
+
+    def state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dtype: torch.dtype) -> int:
+        kept = _float32_or_wider(dtype) if float32 else dtype
+        return copies * math.prod(shape) * _itemsize(kept) + (4 if step else 0)
+
+    return state_bytes
 
 
 def elementwise_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
@@ -89,6 +112,9 @@ class OptimizerSpec:
     """Estimated FLOPs of one update (the layer-wise planner balances ranks by it)."""
     shapes: str
     """Which parameter shapes it takes, in words, e.g. ``"any"`` or ``"2-D only"``."""
+    state_bytes: StateBytes
+    """Bytes of optimizer state per param (see :data:`StateBytes`): memory planners and the
+    comparison table read it; ``tests/optimizers/test_registry_facts_state.py`` measures it."""
     config_fields: tuple[str, ...]
     """Config fields it reads besides ``lr`` and ``weight_decay``."""
     instance_fields: tuple[str, ...]
@@ -197,6 +223,19 @@ def _build_precision_aware_adam(groups: ParamGroups, instance: Mapping[str, Any]
     )
 
 
+def _adam_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dtype: torch.dtype) -> int:
+    """torch's two moments in the param's dtype and a float32 ``step``; under
+    ``use_precision_aware_optimizer``, typed moments and a master copy (or int16 remainder) of a 16-bit param."""
+    numel = math.prod(shape)
+    if not fields.get("use_precision_aware_optimizer"):
+        return 2 * numel * _itemsize(dtype) + 4
+    moments = numel * (_itemsize(fields["exp_avg_dtype"]) + _itemsize(fields["exp_avg_sq_dtype"])) + 4
+    if _itemsize(dtype) >= 4:
+        return moments
+    master = 2 if fields["store_param_remainders"] else _itemsize(fields["main_params_dtype"])
+    return moments + numel * master
+
+
 register(
     OptimizerSpec(
         name="adam",
@@ -209,6 +248,7 @@ register(
         elementwise=True,
         update_cost=elementwise_cost,
         shapes="any",
+        state_bytes=_adam_state_bytes,
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "decoupled_weight_decay",
             "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
@@ -234,6 +274,7 @@ register(
         elementwise=True,
         update_cost=elementwise_cost,
         shapes="any",
+        state_bytes=lambda shape, fields, dtype: per_element_state(1 if fields["sgd_momentum"] else 0)(shape, fields, dtype),
         config_fields=("sgd_momentum",),
         instance_fields=(),
         group_options=lambda c: {"momentum": c["sgd_momentum"]},
@@ -268,6 +309,7 @@ register(
         elementwise=True,
         update_cost=elementwise_cost,
         shapes="any",
+        state_bytes=per_element_state(1),
         config_fields=("lion_beta1", "lion_beta2"),
         instance_fields=(),
         group_options=lambda c: {"betas": (c["lion_beta1"], c["lion_beta2"])},
@@ -347,6 +389,12 @@ def _refuse_dtensors(groups: ParamGroups, name: str) -> None:
                 )
 
 
+def _soap_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dtype: torch.dtype) -> int:
+    """Upstream keeps float32 moments, and per side of the matrix a Kronecker factor and its eigenbasis."""
+    rows, cols = shape
+    return 4 * (2 * rows * cols + 2 * rows * rows + 2 * cols * cols)
+
+
 def soap_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
     """One eigenbasis refresh of both Kronecker factors (``~10·(m³ + n³)``) plus the factor updates
     and rotations (``~4·m·n·(m + n)``)."""
@@ -382,6 +430,7 @@ def _matrix_only(
     family: Family,
     update_cost: UpdateCost,
     shapes: str,
+    state_bytes: StateBytes,
     place: Place,
     config_fields: tuple[str, ...],
     instance_fields: tuple[str, ...],
@@ -400,6 +449,7 @@ def _matrix_only(
         elementwise=False,
         update_cost=update_cost,
         shapes=shapes,
+        state_bytes=state_bytes,
         config_fields=config_fields,
         instance_fields=instance_fields,
         group_options=group_options,
@@ -420,6 +470,7 @@ register(
         family="preconditioned",
         update_cost=soap_cost,
         shapes="2-D only",
+        state_bytes=_soap_state_bytes,
         place=_place_soap,
         config_fields=(
             "adam_beta1", "adam_beta2", "adam_eps", "soap_shampoo_beta", "soap_precondition_frequency",
@@ -469,6 +520,7 @@ register(
         family="orthogonalized",
         update_cost=newton_schulz_cost,
         shapes=_MUON_SHAPES,
+        state_bytes=per_element_state(1, float32=True),
         place=_place_muon,
         config_fields=_MUON_FIELDS,
         instance_fields=("muon_fsdp_orthogonalize",),
@@ -478,6 +530,15 @@ register(
     )
 )
 
+def _adaptive_muon_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dtype: torch.dtype) -> int:
+    """Muon's momentum, and a second moment per element (adamuon), per row of a tall matrix or
+    column of a wide one (normuon), or per matrix (namo); float32 for 16-bit params."""
+    view = fields.get("matrix_view")
+    *stacked, rows, cols = matrix_shape(shape, flatten=bool(fields.get("flatten")), view=view if isinstance(view, MatrixView) else None)
+    moment2 = {"adamuon": rows * cols, "normuon": max(rows, cols), "namo": 1}[fields["adaptive_muon_moment2_method"]]
+    return _itemsize(_float32_or_wider(dtype)) * (math.prod(shape) + math.prod(stacked) * moment2)
+
+
 register(
     _matrix_only(
         name="adaptive_muon",
@@ -486,6 +547,7 @@ register(
         family="orthogonalized",
         update_cost=newton_schulz_cost,
         shapes=_MUON_SHAPES,
+        state_bytes=_adaptive_muon_state_bytes,
         place=_place_muon,
         config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
         instance_fields=("muon_fsdp_orthogonalize",),
@@ -513,6 +575,7 @@ register(
         elementwise=True,
         update_cost=elementwise_cost,
         shapes="any",
+        state_bytes=per_element_state(2),
         config_fields=("laprop_beta1", "laprop_beta2", "laprop_eps", "laprop_correct_bias"),
         instance_fields=(),
         group_options=lambda c: {

@@ -15,7 +15,9 @@ import torch
 
 from optzoo import OptimizerConfig, get_mup_config_overrides, get_optimizer, resolve_group_configs
 from optzoo.distributed import param_cost, plan_shards
-from optzoo.optimizers.registry import ELEMENTWISE_FLOPS_PER_ELEMENT, OptimizerSpec, Placement, get_spec, register, unregister
+from optzoo.optimizers.registry import (
+    ELEMENTWISE_FLOPS_PER_ELEMENT, OptimizerSpec, Placement, get_spec, per_element_state, register, unregister,
+)
 from optzoo.reporting import optimizer_rows
 from tests.conftest import tiny_gpt
 
@@ -42,6 +44,7 @@ def dummy_matrix() -> Iterator[OptimizerSpec]:
         elementwise=False,
         update_cost=_cost,
         shapes="2-D only",
+        state_bytes=per_element_state(0),  # plain SGD without momentum keeps no state
         config_fields=("muon_scalar_optimizer",),
         instance_fields=(),
         group_options=lambda values: {},

@@ -606,12 +606,13 @@ def test_documented_differences(difference: str) -> None:
 
 
 def test_an_algorithm_registered_later_gets_a_row_and_keeps_the_contract() -> None:
-    from optzoo.optimizers.registry import OptimizerSpec, elementwise_cost, register, unregister
+    from optzoo.optimizers.registry import OptimizerSpec, elementwise_cost, per_element_state, register, unregister
 
     register(
         OptimizerSpec(
             name="radam_for_contract", description="torch's RAdam", source="torch", family="adam", elementwise=True,
-            update_cost=elementwise_cost, shapes="any", config_fields=(), instance_fields=(),
+            update_cost=elementwise_cost, shapes="any", state_bytes=per_element_state(2, step=True),
+            config_fields=(), instance_fields=(),
             group_options=lambda fields: {}, build=lambda groups, instance: torch.optim.RAdam(groups),
         )
     )  # fmt: skip
