@@ -269,3 +269,21 @@ def muon_scale_factor(rows: int, cols: int, mode: str) -> float:
     except ImportError as error:  # pragma: no cover
         raise ImportError(_MISSING) from error
     return float(upstream.get_muon_scale_factor(rows, cols, mode=mode))
+
+
+def sinkhorn_map_(matrix: torch.Tensor, *, num_iters: int = 20, eps: float = 1e-8) -> torch.Tensor:
+    """emerging-optimizers' Sinkhorn–Knopp map of ``matrix`` (``(..., rows, cols)``), in place:
+    ``exp(x − max x)``, then ``num_iters`` column and row normalisations to sums
+    ``max(1, rows/cols)`` and ``max(1, cols/rows)``. Initialises a param for Sinkhorn-Muon.
+
+    Example:
+        >>> w = sinkhorn_map_(torch.randn(4, 8))
+        >>> bool(torch.allclose(w.sum(dim=-1), torch.full((4,), 2.0), atol=1e-3))
+        True
+    """
+    try:
+        from emerging_optimizers.utils.sinkhorn_mapper import SinkhornMapper
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    mapped: torch.Tensor = SinkhornMapper(num_iters=num_iters, eps=eps)(matrix, inplace=True)
+    return mapped

@@ -257,11 +257,16 @@ class Muon(CheckedGroupsOptimizer):
     the FSDP2 all-gather), :meth:`_orthogonalize_batch` (stack, Newton–Schulz, scale), and
     :meth:`_apply` each param whose last block it held (``_finish_update``, then ``W ← W − η·update``).
 
-    Override points, for variants (:class:`~optzoo.optimizers.adaptive_muon.AdaptiveMuon`) that share
-    this step loop: :meth:`_check_group` (validate a group), :meth:`_init_state` (lazy state),
-    :meth:`_orthogonal_scale` (factor on each orthogonalised matrix), :meth:`_finish_update`
-    (from the param's orthogonalised update to the one applied with ``-lr``) and
-    :meth:`_whole_inputs` (which of its inputs it needs whole for FSDP2-sharded params).
+    Override points, the named stages a variant changes and nothing else (as emerging-optimizers'
+    ``OrthogonalizedOptimizer`` takes an ``orthogonalize`` function, and optax chains transforms;
+    :class:`~optzoo.optimizers.adaptive_muon.AdaptiveMuon` and :mod:`optzoo.optimizers.orthogonalized`
+    are the variants): :meth:`_check_group` (validate a group), :meth:`_init_state` (lazy state),
+    :meth:`_orthogonalize` (a stack of directions to orthogonal matrices), :meth:`_scale_` and
+    :meth:`_orthogonal_scale` (the factor on each orthogonalised matrix), :meth:`_finish_update`
+    (from the param's orthogonalised update to the one applied with ``-lr``), :meth:`_after_update`
+    (a projection of the weights after it) and :meth:`_whole_inputs` (which inputs of
+    :meth:`_finish_update` it needs whole for FSDP2-sharded params). Batching, expert and QKV
+    blocks, FSDP2 owner-computes, precision and state dicts are the loop's, shared by every variant.
 
     Args:
         params: params of 2 or more dims, or param groups; a group may set any argument below
@@ -316,6 +321,8 @@ class Muon(CheckedGroupsOptimizer):
 
     _variant_defaults: Mapping[str, Any] = MappingProxyType({})
     """Group defaults a variant adds (set on the instance before ``Muon.__init__``)."""
+    _scale_modes: tuple[str, ...] = get_args(MuonScaleMode)
+    """The ``scale_mode`` values a group may take (MOP adds ``nuclear_norm``)."""
 
     def __init__(
         self,
@@ -376,7 +383,7 @@ class Muon(CheckedGroupsOptimizer):
                 skip_file_prefixes=INTERNAL_FILES,
             )
         check_choice(f"{where}: `fp32_matmul_prec`", group["fp32_matmul_prec"], get_args(MatmulPrecision))
-        check_choice(f"{where}: `scale_mode`", group["scale_mode"], get_args(MuonScaleMode))
+        check_choice(f"{where}: `scale_mode`", group["scale_mode"], self._scale_modes)
         for key in ("nesterov", "split_qkv", "batched", "flatten"):
             check_flag(f"{where}: `{key}`", group[key])
         views = group.get("matrix_views")
@@ -447,6 +454,26 @@ class Muon(CheckedGroupsOptimizer):
             state["momentum_buffer"] = torch.zeros_like(param, dtype=compute_dtype(param))
         else:
             state["momentum_buffer"] = torch.zeros(param.shape, dtype=compute_dtype(param), device=param.device)
+
+    def _orthogonalize(self, stack: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """Stage: a ``(batch, rows, cols)`` stack of directions orthogonalised, not in place
+        (Newton–Schulz; MOP: the SVD's polar factor). ``group`` holds the batch's common settings."""
+        return newton_schulz(
+            stack, steps=group["num_ns_steps"], coefficient_type=group["coefficient_type"],
+            matmul_precision=group["fp32_matmul_prec"],
+        )  # fmt: skip
+
+    def _scale_(self, out: torch.Tensor, stack: torch.Tensor, blocks: Sequence[_Block]) -> None:
+        """Stage: scale each orthogonalised matrix ``out[i]`` (of direction ``stack[i]``, block
+        ``blocks[i]``) in place, by :meth:`_orthogonal_scale` of its shape. Variants whose factor
+        depends on the matrix (PolarGrad, MOP: its nuclear norm) read ``stack``."""
+        scales = [self._orthogonal_scale(block.group, *block.shape) for block in blocks]
+        if len(set(scales)) == 1:
+            if scales[0] != 1.0:
+                out.mul_(scales[0])
+        else:
+            for slot, scale in zip(out, scales):
+                slot.mul_(scale)
 
     def _orthogonal_scale(self, group: dict[str, Any], rows: int, cols: int) -> float:
         """Override point: the factor on a ``rows × cols`` orthogonalised matrix (1: none)."""
@@ -586,18 +613,8 @@ class Muon(CheckedGroupsOptimizer):
         stack = torch.empty((len(blocks), *first.shape), dtype=matrices[0].dtype, device=matrices[0].device)
         for slot, block, matrix in zip(stack, blocks, matrices):
             block.in_slot(slot).copy_(block.of(matrix))
-        group = first.group  # the batch key makes these settings common to the batch
-        out = newton_schulz(
-            stack, steps=group["num_ns_steps"], coefficient_type=group["coefficient_type"],
-            matmul_precision=group["fp32_matmul_prec"],
-        )  # fmt: skip
-        scales = [self._orthogonal_scale(block.group, *block.shape) for block in blocks]
-        if len(set(scales)) == 1:
-            if scales[0] != 1.0:
-                out.mul_(scales[0])
-        else:
-            for slot, scale in zip(out, scales):
-                slot.mul_(scale)
+        out = self._orthogonalize(stack, first.group)  # the batch key makes its settings common to the batch
+        self._scale_(out, stack, blocks)
         return out
 
     def _apply(self, prepared: _Prepared, orthogonal: torch.Tensor, *, sharded: bool = False) -> None:
@@ -617,6 +634,11 @@ class Muon(CheckedGroupsOptimizer):
         if isinstance(param, DTensor) and "orthogonal" in whole:
             update = take_shard(update, param)
         prepared.local.add_(update, alpha=-lr_value(group))
+        self._after_update(prepared)
+
+    def _after_update(self, prepared: _Prepared) -> None:
+        """Stage, per param after ``W ← W − lr · update``: a projection of the weights (SPEL's
+        re-orthogonalisation, a hyperball's or Sinkhorn's normalisation). Muon has none."""
 
     # ---- FSDP2: each matrix orthogonalised on its owner ----------------------------------------
 

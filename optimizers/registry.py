@@ -23,6 +23,7 @@ from .._common import SCALAR_ROLES, MatrixView, did_you_mean, fused_supported
 from . import _emerging
 from .adaptive_muon import AdaptiveMuon
 from .muon import Muon, matrix_shape
+from .orthogonalized import MOP, MuonHyperball, PolarGrad, Scion, SinkhornMuon, Spel
 from .newton_schulz import NewtonSchulzWarning, newton_schulz_flops
 from .precision_adam import PrecisionAwareAdam
 
@@ -130,6 +131,10 @@ class OptimizerSpec:
     """Config field naming the optimizer for the params above, e.g. ``muon_scalar_optimizer``."""
     declines_what: str = ""
     """What ``place`` declines, in words, for explanations (e.g. "embeddings, output layers, ...")."""
+    constraint: str = ""
+    """What it keeps the weights on after every update, in words (SPEL: "orthogonal matrices");
+    empty for an unconstrained algorithm. A constrained one moves the weights even at a zero
+    gradient (onto its set) and reaches a target only on that set."""
     precision_aware: bool = False
     """It runs under ``use_precision_aware_optimizer`` (typed master weights and moments)."""
     scalar_fallback: bool = False
@@ -438,6 +443,7 @@ def _matrix_only(
     build: Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer],
     matrix_views: bool = False,
     verified_step: bool = False,
+    constraint: str = "",
 ) -> OptimizerSpec:
     """A record for a matrix algorithm that hands everything else to ``muon_scalar_optimizer``,
     as Megatron-Core routes Muon's and SOAP's non-matrix and embedding params to Adam."""
@@ -459,6 +465,7 @@ def _matrix_only(
         verified_step=verified_step,
         declines_what=_DECLINES,
         matrix_views=matrix_views,
+        constraint=constraint,
     )
 
 
@@ -494,7 +501,7 @@ _MUON_FIELDS = (
 _MUON_SHAPES = "matrices, expert stacks, conv filters"
 
 
-def _without_ns_warning(cls: type[Muon], groups: ParamGroups, instance: Mapping[str, Any]) -> Muon:
+def _without_ns_warning(cls: Callable[..., Muon], groups: ParamGroups, instance: Mapping[str, Any]) -> Muon:
     """Build a Muon from configs that already warned about their Newton–Schulz schedule
     (``OptimizerConfig`` does, once per config)."""
     with warnings.catch_warnings():
@@ -559,6 +566,71 @@ register(
         matrix_views=True,
     )
 )
+
+
+def _orthogonalized(
+    name: str, description: str, cls: Callable[..., Muon], options: Callable[[Mapping[str, Any]], dict[str, Any]],
+    fields: tuple[str, ...] = (), *, shapes: str = _MUON_SHAPES, update_cost: UpdateCost = newton_schulz_cost,
+    constraint: str = "",
+) -> OptimizerSpec:
+    """A record for a variant on Muon's step loop (:mod:`optzoo.optimizers.orthogonalized`): Muon's
+    placement, batching, expert and QKV blocks and state; ``options`` maps the config to its group keys."""
+    return _matrix_only(
+        name=name, description=description, source="optzoo", family="orthogonalized", update_cost=update_cost,
+        shapes=shapes, state_bytes=per_element_state(1, float32=True), place=_place_muon,
+        config_fields=(*_MUON_FIELDS, *fields), instance_fields=("muon_fsdp_orthogonalize",),
+        group_options=options, build=lambda groups, instance: _without_ns_warning(cls, groups, instance),
+        matrix_views=True, constraint=constraint,
+    )  # fmt: skip
+
+
+def _svd_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
+    """MOP: one thin SVD (``~20·m·n·min(m, n)``) and the product ``U·Vᵀ`` (``2·m·n·min(m, n)``) per matrix."""
+    if len(shape) < 2:
+        return elementwise_cost(shape, fields)
+    view = fields.get("matrix_view")
+    *stacked, rows, cols = matrix_shape(shape, flatten=bool(fields.get("flatten")), view=view if isinstance(view, MatrixView) else None)
+    return float(math.prod(stacked) * 22 * rows * cols * min(rows, cols))
+
+
+_WHOLE = "matrices, expert stacks, conv filters (no FSDP2 shards)"
+
+register(_orthogonalized(
+    "polargrad", "PolarGrad: Muon scaled by the direction's nuclear norm (Lau et al., 2025); other params -> muon_scalar_optimizer",
+    PolarGrad, lambda c: _muon_options(c),
+))  # fmt: skip
+register(_orthogonalized(
+    "mop", "MOP: momentum orthogonalised by SVD polar factor, nuclear-norm scaled; other params -> muon_scalar_optimizer",
+    MOP, lambda c: {**_muon_options(c), "scale_mode": c["mop_scale_mode"]}, ("mop_scale_mode",), update_cost=_svd_cost,
+))  # fmt: skip
+register(_orthogonalized(
+    "scion", "Scion: spectral-norm LMO, unit-RMS scaled (Pethick et al., 2025); other params -> muon_scalar_optimizer",
+    Scion, lambda c: {**_muon_options(c), "nesterov": False, "spectral_radius": c["scion_spectral_radius"]},
+    ("scion_spectral_radius",),
+))  # fmt: skip
+register(_orthogonalized(
+    "spel", "SPEL: Muon step, then weights re-orthogonalised (Stiefel manifold); other params -> muon_scalar_optimizer",
+    Spel, lambda c: _muon_options(c), shapes=_WHOLE, constraint="orthogonal matrices (Newton-Schulz of the weights)",
+    update_cost=lambda shape, fields: 2 * newton_schulz_cost(shape, fields),
+))  # fmt: skip
+register(_orthogonalized(
+    "muon_hyperball", "Muon-Hyperball: Muon on the sphere, each matrix keeps its norm; other params -> muon_scalar_optimizer",
+    MuonHyperball, lambda c: {
+        **_muon_options(c), "hyperball_eps": c["muon_hyperball_eps"], "hyperball_radius": c["muon_hyperball_radius"],
+    }, ("muon_hyperball_eps", "muon_hyperball_radius"), shapes=_WHOLE,
+    constraint="each matrix's Frobenius norm (muon_hyperball_radius, else its norm when built)",
+))  # fmt: skip
+register(_orthogonalized(
+    "sinkhorn_muon", "Sinkhorn-Muon: Muon, then weights Sinkhorn-Knopp normalised; other params -> muon_scalar_optimizer",
+    SinkhornMuon, lambda c: {
+        **_muon_options(c), "num_iters": c["sinkhorn_muon_num_iters"], "eps": c["sinkhorn_muon_eps"],
+        "doubly_stochastic_tolerance": c["sinkhorn_muon_doubly_stochastic_tolerance"],
+        "normalize_at_start": c["sinkhorn_muon_normalize_at_start"],
+    }, (
+        "sinkhorn_muon_num_iters", "sinkhorn_muon_eps", "sinkhorn_muon_doubly_stochastic_tolerance",
+        "sinkhorn_muon_normalize_at_start",
+    ), shapes=_WHOLE, constraint="Sinkhorn-normalised non-negative matrices (row and column sums)",
+))  # fmt: skip
 
 
 def _build_laprop(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:

@@ -67,6 +67,9 @@ GROUP_FIELDS: tuple[str, ...] = (
     "laprop_beta1", "laprop_beta2", "laprop_eps", "laprop_correct_bias",
     "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
     "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
+    "mop_scale_mode", "scion_spectral_radius", "muon_hyperball_eps", "muon_hyperball_radius",
+    "sinkhorn_muon_num_iters", "sinkhorn_muon_eps", "sinkhorn_muon_doubly_stochastic_tolerance",
+    "sinkhorn_muon_normalize_at_start",
 )  # fmt: skip
 """Config fields an override may set per parameter group; every other field is model-wide."""
 
@@ -288,6 +291,25 @@ class OptimizerConfig:
     """Second-moment decay of Adaptive Muon."""
     adaptive_muon_eps: float = 1e-8
     """Denominator epsilon of Adaptive Muon."""
+    mop_scale_mode: str = "nuclear_norm"
+    """MOP's factor on the polar factor: the direction's nuclear norm (``nuclear_norm``, upstream's
+    default) or one of Muon's scale modes (:data:`MuonScaleMode`)."""
+    scion_spectral_radius: float = 1.0
+    """Scion's radius of the spectral-norm ball: the factor on its unit-RMS-scaled LMO."""
+    muon_hyperball_eps: float = 1e-8
+    """Floor of the norms Muon-Hyperball divides by."""
+    muon_hyperball_radius: float | None = None
+    """Muon-Hyperball's fixed norm of each matrix (params are rescaled to it when the optimizer is
+    built); ``None``: each matrix keeps the norm it has."""
+    sinkhorn_muon_num_iters: int = 20
+    """Row and column normalisation rounds of Sinkhorn-Muon's Sinkhorn–Knopp map."""
+    sinkhorn_muon_eps: float = 1e-8
+    """Floor of the sums Sinkhorn-Muon's normalisations divide by."""
+    sinkhorn_muon_doubly_stochastic_tolerance: float = 0.1
+    """How far from Sinkhorn-normalised a param may be when Sinkhorn-Muon is built."""
+    sinkhorn_muon_normalize_at_start: bool = True
+    """Sinkhorn-Muon maps each matrix that is not Sinkhorn-normalised when it is built (an optzoo
+    extension; upstream raises, as False does)."""
     muon_scalar_optimizer: str = "adam"
     """Optimizer for the parameters Muon does not take (embeddings, biases, norms)."""
     muon_scalar_lr: float | None = None
@@ -439,6 +461,7 @@ class OptimizerConfig:
             ("muon_scalar_optimizer", scalar),
             ("muon_fp32_matmul_prec", get_args(MuonMatmulPrecision)),
             ("adaptive_muon_moment2_method", get_args(AdaptiveMuonMoment2Method)),
+            ("mop_scale_mode", (*get_args(MuonScaleMode), "nuclear_norm")),
             ("muon_fsdp_orthogonalize", get_args(MuonFsdpOrthogonalize)),
         ):
             value = getattr(self, field)
@@ -469,11 +492,18 @@ class OptimizerConfig:
         for field in ("adam_eps", "laprop_eps"):  # 0 turns a zero gradient element into 0/0
             if not getattr(self, field) > 0.0:
                 raise _fail(field, "must be positive", getattr(self, field), "a float > 0")
+        for field in (
+            "scion_spectral_radius", "muon_hyperball_eps", "muon_hyperball_radius", "sinkhorn_muon_eps",
+            "sinkhorn_muon_doubly_stochastic_tolerance",
+        ):  # fmt: skip
+            value = getattr(self, field)
+            if value is not None and not (finite_number(value) and value > 0.0):
+                raise _fail(field, "must be positive and finite", value, "a finite float > 0" + (" or None" if field == "muon_hyperball_radius" else ""))
         for low, high in (("min_lr", "lr"), ("decoupled_min_lr", "decoupled_lr")):
             floor, peak = getattr(self, low), getattr(self, high)
             if floor is not None and peak is not None and floor > peak:  # the schedule would anneal up
                 raise _fail(low, f"must not exceed {high}", _Shown(f"{low}={floor!r}, {high}={peak!r}"), f"{low} <= {high}")
-        for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis"):
+        for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis", "sinkhorn_muon_num_iters"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(field, "must be a positive integer", value, "an int >= 1")

@@ -12,7 +12,33 @@ from optzoo import OptimizerConfig, ParamKey, get_optimizer
 from tests.conftest import fill_grads, train_with_resumed_twin
 
 NAMES = registered_names()
-LR = {"adam": 0.05, "sgd": 0.05, "lion": 0.03, "laprop": 0.05, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02}
+LR = {
+    "adam": 0.05, "sgd": 0.05, "lion": 0.03, "laprop": 0.05, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02,
+    "scion": 0.05, "spel": 0.05, "muon_hyperball": 0.05, "sinkhorn_muon": 0.05,
+}  # fmt: skip
+
+
+def _on_the_set(name: str, weight: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A start and a target on a constrained algorithm's set, written from its paper (float64, not
+    optzoo's code): orthogonal matrices (SPEL), the start's norm (hyperball), Sinkhorn-normalised
+    matrices, rows summing to 7/5 and columns to 1 (Sinkhorn-Muon)."""
+    if name == "spel":
+        def polar(m: torch.Tensor) -> torch.Tensor:
+            u, _, vh = torch.linalg.svd(m.double(), full_matrices=False)
+            return (u @ vh).float()
+        return polar(torch.randn_like(weight)), polar(target)
+    if name == "muon_hyperball":
+        start = torch.randn_like(weight)
+        return start, target * (start.norm() / target.norm())
+    if name == "sinkhorn_muon":
+        def sinkhorn(m: torch.Tensor) -> torch.Tensor:
+            m = m.double().exp()
+            for _ in range(200):
+                m = m / m.sum(dim=-2, keepdim=True)
+                m = m / m.sum(dim=-1, keepdim=True) * (m.shape[-1] / m.shape[-2])
+            return m.float()
+        return sinkhorn(torch.randn_like(weight)), sinkhorn(target)
+    raise AssertionError(f"{name}: a constrained algorithm needs its set written here")
 
 
 class Quadratic(torch.nn.Module):
@@ -45,12 +71,24 @@ def test_every_name_has_a_spec_with_a_description_and_known_fields() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_converges_on_a_quadratic(name: str) -> None:
     model = Quadratic()
+    if get_spec(name).constraint:  # it reaches a target on its set, from a start on it
+        start, model.target_w = _on_the_set(name, model.weight.detach(), model.target_w)
+        model.weight.data.copy_(start)
     opt = get_optimizer(_config(name), model, {})
     start = model.loss().item()
     for _ in range(200):
         opt.zero_grad()
         model.loss().backward()
         opt.step()
+    if name == "sinkhorn_muon":
+        # Its map takes exp(W) before normalising, so only its fixed points S(exp(T)) = T are reachable:
+        # it gets closer, and the weights stay Sinkhorn-normalised (rows sum to 7/5, columns to 1).
+        weight = model.weight.detach()
+        assert model.loss().item() < 0.25 * start
+        torch.testing.assert_close(weight.sum(dim=1), torch.full((5,), 7 / 5), rtol=0, atol=1e-4)
+        torch.testing.assert_close(weight.sum(dim=0), torch.ones(7), rtol=0, atol=1e-2)
+        assert bool((weight >= 0).all())
+        return
     assert model.loss().item() < 0.01 * start, name
 
 

@@ -26,7 +26,7 @@ from optzoo import OptimizerConfig, get_optimizer
 from optzoo.optimizers.adaptive_muon import AdaptiveMuon
 from optzoo.optimizers.muon import Muon
 from optzoo.optimizers.precision_adam import PrecisionAwareAdam
-from optzoo.optimizers.registry import registered_names
+from optzoo.optimizers.registry import get_spec, registered_names
 
 
 class ParamsModule(torch.nn.Module):
@@ -70,6 +70,9 @@ class OptzooOptimizerInfo:
     """The lr the tensor-lr test compares against (a float of this value)."""
     kernels: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     """Kernel kwargs (``fused``/``foreach``) the class takes, for the layout tests."""
+    constrained: bool = False
+    """It projects the weights after every update (its record's ``constraint``), so they move
+    without a gradient, as weight decay moves them."""
 
 
 def _inputs(*rows: tuple[str, dict[str, Any]]) -> Callable[[], list[OptimizerInput]]:
@@ -155,6 +158,7 @@ def _wrapper_row(name: str) -> OptzooOptimizerInfo:
         error_inputs=_errors(*_CONFIG_ERRORS, *_ALGORITHM_ERRORS.get(name, [])),
         wrapper=True,
         dtypes=(torch.float32,),
+        constrained=bool(get_spec(name).constraint),
     )
 
 

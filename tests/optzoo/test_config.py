@@ -49,6 +49,11 @@ OPTZOO_EXTENSIONS = {
     "muon_scalar_lr": None,  # issue 25: the scalar optimizer's own lr
     # issue 26: LaProp's fields, named Megatron's way (<name>_<kwarg>); defaults are upstream's
     "laprop_beta1": 0.9, "laprop_beta2": 0.999, "laprop_eps": 1e-8, "laprop_correct_bias": True,
+    # issue 26: the orthogonalising family's own kwargs, upstream's defaults (shared ones are muon_*)
+    "mop_scale_mode": "nuclear_norm", "scion_spectral_radius": 1.0, "muon_hyperball_eps": 1e-8,
+    "muon_hyperball_radius": None, "sinkhorn_muon_num_iters": 20, "sinkhorn_muon_eps": 1e-8,
+    "sinkhorn_muon_doubly_stochastic_tolerance": 0.1,
+    "sinkhorn_muon_normalize_at_start": True,  # an optzoo extension: upstream raises (False)
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 

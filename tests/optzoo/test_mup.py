@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from optzoo.optimizers.registry import get_spec
+from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import infer_roles
 from optzoo import (
     OptimizerConfig,
@@ -242,8 +242,7 @@ def test_optimizer_type_defaults_to_the_config_and_overrides_it() -> None:
         (-2.0, None, "`mup_width_mult`: must be a finite number > 0; got -2.0; expected hidden_size / base_hidden_size, e.g. 4.0"),
         (float("inf"), None, "`mup_width_mult`: must be a finite number > 0; got inf; expected hidden_size / base_hidden_size, e.g. 4.0"),
         (True, None, "`mup_width_mult`: must be a finite number > 0; got True; expected hidden_size / base_hidden_size, e.g. 4.0"),
-        (2.0, "adamw", ("`optimizer_type`: unknown optimizer; got 'adamw'; expected one of ['adam', 'sgd', 'lion', 'soap', "
-                       "'muon', 'adaptive_muon', 'laprop']")),
+        (2.0, "adamw", f"`optimizer_type`: unknown optimizer; got 'adamw'; expected one of {registered_names()}"),
     ],
 )  # fmt: skip
 def test_bad_arguments(width: Any, optimizer_type: str | None, message: str) -> None:
