@@ -29,10 +29,8 @@ from torch.optim.optimizer import ParamsT
 
 from .._common import check_choice, local_shard
 from .muon import (
-    FinishInput, FsdpOrthogonalize, Muon, MuonScaleMode, as_matrices, compute_dtype, from_matrices, matrix_shape, muon_scale_factor,
-    take_shard,
+    FinishInput, Muon, as_matrices, compute_dtype, from_matrices, matrix_shape, muon_scale_factor, take_shard,
 )  # fmt: skip
-from .newton_schulz import CoefficientType, MatmulPrecision
 from .state_layout import Slot, StateLayout
 
 __all__ = [
@@ -156,33 +154,10 @@ class AdaptiveMuon(Muon):
     """
 
     def __init__(
-        self,
-        params: ParamsT,
-        *,
-        lr: float = 3e-4,
-        momentum: float = 0.95,
-        weight_decay: float = 0.01,
-        nesterov: bool = False,
-        fp32_matmul_prec: MatmulPrecision = "medium",
-        coefficient_type: CoefficientType = "quintic",
-        num_ns_steps: int = 5,
-        scale_mode: MuonScaleMode = "spectral",
-        extra_scale_factor: float = 1.0,
-        split_qkv: bool = True,
-        batched: bool = True,
-        flatten: bool = False,
-        moment2_method: Moment2Method = "adamuon",
-        beta2: float = 0.95,
-        eps: float = 1e-8,
-        fsdp_orthogonalize: FsdpOrthogonalize = "auto",
+        self, params: ParamsT, *, moment2_method: Moment2Method = "adamuon", beta2: float = 0.95, eps: float = 1e-8, **muon: Any
     ) -> None:
         self._variant_defaults = {"moment2_method": moment2_method, "beta2": beta2, "eps": eps}
-        super().__init__(
-            params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
-            fp32_matmul_prec=fp32_matmul_prec, coefficient_type=coefficient_type, num_ns_steps=num_ns_steps,
-            scale_mode=scale_mode, extra_scale_factor=extra_scale_factor, split_qkv=split_qkv, batched=batched,
-            flatten=flatten, fsdp_orthogonalize=fsdp_orthogonalize,
-        )  # fmt: skip
+        super().__init__(params, **muon)
 
     @override
     def _check_group(self, group: dict[str, Any], index: int) -> None:

@@ -44,7 +44,6 @@ Both give the single process's result, bit for bit.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections import Counter
@@ -54,8 +53,7 @@ from types import MappingProxyType
 from typing import Any, Literal, get_args, override
 
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import ParamsT, StateDict
 
 from .._common import INTERNAL_FILES, MatrixView, check_choice, check_flag, describe_param
@@ -81,10 +79,9 @@ from .newton_schulz import (
     MatmulPrecision,
     NewtonSchulzWarning,
     newton_schulz,
-    newton_schulz_flops,
     schedule_problem,
 )
-from .owner_compute import Unit, assign_owners, dim0_chunks, from_owners, to_owners
+from .owner_compute import OWNER_COMPUTES_MAX_SHARE as OWNER_COMPUTES_MAX_SHARE, orthogonalize_on_owners
 from .state_layout import StateLayout, per_element
 
 __all__ = [
@@ -117,8 +114,6 @@ at most :data:`OWNER_COMPUTES_MAX_SHARE` of the total (so enough matrices to sha
 ``redundant`` otherwise (one matrix, or one dominant one: no compute to save, and owner-computes
 adds a second round of communication)."""
 
-OWNER_COMPUTES_MAX_SHARE = 0.75
-"""``auto`` computes on owners when the busiest owner gets at most this share of the Newton–Schulz FLOPs."""
 
 FinishInput = Literal["orthogonal", "grad", "direction"]
 """An input of ``_finish_update`` that a variant may need whole under FSDP2 (``_whole_inputs``)."""
@@ -506,7 +501,7 @@ class Muon(CheckedGroupsOptimizer):
     def _update(self) -> None:
         """One update of every param that has a gradient, one batch of same-shape matrices at a time."""
         batches = self._plan()
-        on_owners = self._orthogonalize_on_owners([block for blocks in batches for block in blocks])
+        on_owners = orthogonalize_on_owners(self, [block for blocks in batches for block in blocks])
         batches = [kept for blocks in batches if (kept := [b for b in blocks if b.param not in on_owners])]
         remaining = Counter(block.param for blocks in batches for block in blocks)
         prepared: dict[torch.Tensor, _Prepared] = {}
@@ -640,131 +635,6 @@ class Muon(CheckedGroupsOptimizer):
         """Stage, per param after ``W ← W − lr · update``: a projection of the weights (SPEL's
         re-orthogonalisation, a hyperball's or Sinkhorn's normalisation). Muon has none."""
 
-    # ---- FSDP2: each matrix orthogonalised on its owner ----------------------------------------
-
-    def _orthogonalize_on_owners(self, blocks: Sequence[_Block]) -> set[torch.Tensor]:
-        """Owner-computes for the step's dim-0-sharded DTensor params (see the module docstring),
-        per process group; returns the params it stepped (the rest take the plain path)."""
-        if self.fsdp_orthogonalize == "redundant":
-            return set()
-        groups: dict[torch.Tensor, dist.ProcessGroup | None] = {}  # per param: its mesh's group, if owner-computed
-        by_group: dict[dist.ProcessGroup, list[_Block]] = {}
-        for block in blocks:
-            if block.param not in groups:
-                # owner-computes sends whole matrices as spans of the param: a forward's view is not one
-                groups[block.param] = _owner_computed_group(block.param) if block.view is None else None
-            group = groups[block.param]
-            if group is not None:
-                by_group.setdefault(group, []).append(block)
-        stepped: set[torch.Tensor] = set()
-        for group, group_blocks in by_group.items():
-            units, blocks_of, loads = self._owner_units(group_blocks, dist.get_world_size(group))
-            if self.fsdp_orthogonalize == "auto" and max(loads) > OWNER_COMPUTES_MAX_SHARE * sum(loads):
-                continue
-            self._owner_step(group, units, blocks_of)
-            stepped.update(block.param for block in group_blocks)
-        return stepped
-
-    def _owner_units(
-        self, blocks: Sequence[_Block], world_size: int
-    ) -> tuple[list[Unit], dict[Unit, list[_Block]], list[float]]:
-        """One :class:`~optzoo.optimizers.owner_compute.Unit` per matrix, owners assigned; its
-        blocks; and each rank's Newton–Schulz load."""
-        matrices: dict[tuple[torch.Tensor, int], list[_Block]] = {}
-        for block in blocks:
-            matrices.setdefault((block.param, block.index), []).append(block)
-        described = []
-        for (param, index), its_blocks in matrices.items():
-            _, rows, cols = its_blocks[0].layout
-            cost = sum(_ns_cost(block) for block in its_blocks)
-            described.append(((index * rows * cols, (index + 1) * rows * cols), dim0_chunks(param.shape, world_size), cost))
-        owners, loads = assign_owners(described, world_size)
-        units: list[Unit] = []
-        blocks_of: dict[Unit, list[_Block]] = {}
-        for (key, its_blocks), (span, holders, _), owner in zip(matrices.items(), described, owners):
-            unit = Unit(key, span[0], span[1], tuple(holders), owner)
-            units.append(unit)
-            blocks_of[unit] = its_blocks
-        return units, blocks_of, loads
-
-    def _owner_step(self, group: dist.ProcessGroup, units: Sequence[Unit], blocks_of: dict[Unit, list[_Block]]) -> None:
-        """Prepare every param on its shard, then per bucket of same-shape matrices: to the owners,
-        orthogonalise there, back to the ranks; then apply every param on its shard."""
-        rank = dist.get_rank(group)
-        prepared: dict[torch.Tensor, _Prepared] = {}
-        for unit in units:
-            param = blocks_of[unit][0].param
-            if param not in prepared:
-                group_settings = blocks_of[unit][0].group
-                prepared[param] = self._prepare(param, group_settings, gather="direction" in self._whole_inputs(group_settings))
-        whole_params = {param for param, p in prepared.items() if "orthogonal" in self._whole_inputs(p.group)}
-        buckets: dict[tuple[Any, ...], list[Unit]] = {}
-        for unit in units:
-            first = blocks_of[unit][0]
-            buckets.setdefault((compute_dtype(first.param), *first.layout[1:]), []).append(unit)
-        shards: dict[torch.Tensor, torch.Tensor] = {}  # per param: this rank's flat piece of the result
-        wholes: dict[torch.Tensor, tuple[torch.Tensor, bool]] = {}  # per param needing it whole: the result, transposed?
-        for bucket in buckets.values():
-            matrices = to_owners(bucket, lambda u: prepared[blocks_of[u][0].param].direction.reshape(-1), rank=rank, group=group)
-            results = self._orthogonalize_owned(matrices, blocks_of, whole_params)
-            like = prepared[blocks_of[bucket[0]][0].param].direction
-            received = from_owners(
-                bucket, results, lambda u: blocks_of[u][0].param in whole_params, rank=rank, group=group, like=like
-            )
-            for unit, piece in received.items():
-                first = blocks_of[unit][0]
-                param = first.param
-                if param in whole_params:
-                    if param not in wholes:
-                        count, rows, cols = first.layout
-                        transposed = _transposed(blocks_of[unit])  # the same for every matrix of a param
-                        wholes[param] = (like.new_empty((count, cols, rows) if transposed else (count, rows, cols)), transposed)
-                    wholes[param][0][first.index].view(-1).copy_(piece)
-                else:
-                    low = unit.holders[rank][0]
-                    if param not in shards:
-                        shards[param] = like.new_empty(unit.holders[rank][1] - low)
-                    start, stop = unit.piece(rank)
-                    shards[param][start - low : stop - low] = piece
-        for param, ready in prepared.items():
-            if param in whole_params:
-                stacked, transposed = wholes[param]
-                self._apply(ready, (stacked.mT if transposed else stacked).view(param.shape))
-            else:
-                local = local_shard(param)
-                flat = shards[param] if param in shards else ready.direction.new_empty(0)
-                self._apply(ready, flat.view(local.shape), sharded=True)
-
-    def _orthogonalize_owned(
-        self, matrices: Mapping[Unit, torch.Tensor], blocks_of: Mapping[Unit, list[_Block]], whole_params: set[torch.Tensor]
-    ) -> dict[Unit, torch.Tensor]:
-        """This rank's whole matrices orthogonalised, batched as the plain path batches them, each
-        flattened for sending: row-major, or (sent whole) in the layout its receivers rebuild."""
-        batches: dict[tuple[Any, ...], list[tuple[Unit, _Block]]] = {}
-        for unit in matrices:
-            for block in blocks_of[unit]:
-                alone = dataclasses.replace(block, layout=(1, *block.layout[1:]), index=0)  # the block of the lone matrix
-                batches.setdefault(self._batch_key(alone, len(batches)), []).append((unit, alone))
-        outputs: dict[Unit, torch.Tensor] = {}
-        for batch in batches.values():
-            _, rows, cols = batch[0][1].layout
-            out = self._orthogonalize_batch([b for _, b in batch], [matrices[u].view(1, rows, cols) for u, _ in batch])
-            for slot, (unit, block) in zip(out, batch):
-                if block.whole:
-                    outputs[unit] = slot
-                else:
-                    if unit not in outputs:
-                        outputs[unit] = slot.new_empty((rows, cols))  # split blocks are gathered row-major
-                    block.of(outputs[unit]).copy_(block.in_slot(slot))
-        results: dict[Unit, torch.Tensor] = {}
-        for unit, output in outputs.items():
-            if blocks_of[unit][0].param in whole_params and _transposed(blocks_of[unit]):
-                assert output.mT.is_contiguous()  # Newton–Schulz returns tall matrices transposed
-                results[unit] = output.mT.reshape(-1)
-            else:
-                results[unit] = output.reshape(-1)
-        return results
-
     # ---- state dict ---------------------------------------------------------------------------
 
     def state_layout(self, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
@@ -812,27 +682,3 @@ class Muon(CheckedGroupsOptimizer):
         for param, values in restored.items():
             self.state[param].update(values)
 
-
-def _owner_computed_group(param: torch.Tensor) -> dist.ProcessGroup | None:
-    """The process group of a param whose matrices owner-computes can step: a DTensor sharded
-    on dim 0 over a 1-D mesh of 2 or more ranks, with ``torch.chunk``'s layout; else ``None``."""
-    if not (isinstance(param, DTensor) and param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),)):
-        return None
-    group = param.device_mesh.get_group()
-    world_size = dist.get_world_size(group)
-    start, stop = dim0_chunks(param.shape, world_size)[dist.get_rank(group)]
-    return group if world_size > 1 and stop - start == param.to_local().numel() else None
-
-
-def _ns_cost(block: _Block) -> float:
-    """Newton–Schulz FLOPs of one block, the cheaper variant (as the registry's ``update_cost``)."""
-    rows, cols = block.shape
-    steps = block.group["num_ns_steps"]
-    return float(min(newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")))
-
-
-def _transposed(blocks: Sequence[_Block]) -> bool:
-    """Whether a matrix's orthogonalised output comes back transposed: a lone tall block
-    (Newton–Schulz iterates on the transpose of tall matrices); split blocks are gathered row-major."""
-    block = blocks[0]
-    return len(blocks) == 1 and block.groups == 1 and block.rows == block.layout[1] and block.shape[0] > block.shape[1]

@@ -18,15 +18,26 @@ sends and receives are what the plan says, so split sizes always match.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
 
-from .._common import assign_least_loaded
+from .._common import assign_least_loaded, local_shard
+from .muon_ops import compute_dtype
+from .newton_schulz import newton_schulz_flops
 
-__all__ = ["Unit", "assign_owners", "dim0_chunks", "from_owners", "to_owners"]
+if TYPE_CHECKING:
+    from .muon import Muon, _Block, _Prepared
+
+__all__ = ["OWNER_COMPUTES_MAX_SHARE", "Unit", "assign_owners", "dim0_chunks", "from_owners", "orthogonalize_on_owners", "to_owners"]
+
+OWNER_COMPUTES_MAX_SHARE = 0.75
+"""``auto`` computes on owners when the busiest owner gets at most this share of the Newton–Schulz FLOPs."""
 
 Range = tuple[int, int]
 
@@ -171,3 +182,158 @@ def _check_world_size(world_size: object) -> None:
 
 def _size(piece: Range) -> int:
     return piece[1] - piece[0]
+
+
+# ---- the Muon family's step on owners (Muon._update calls it first) ----------------------------
+
+
+def orthogonalize_on_owners(optimizer: Muon, blocks: Sequence[_Block]) -> set[torch.Tensor]:
+    """Owner-computes for the step's dim-0-sharded DTensor params (see the module docstring),
+    per process group; returns the params it stepped (the rest take the plain path)."""
+    if optimizer.fsdp_orthogonalize == "redundant":
+        return set()
+    groups: dict[torch.Tensor, dist.ProcessGroup | None] = {}  # per param: its mesh's group, if owner-computed
+    by_group: dict[dist.ProcessGroup, list[_Block]] = {}
+    for block in blocks:
+        if block.param not in groups:
+            # owner-computes sends whole matrices as spans of the param: a forward's view is not one
+            groups[block.param] = _owner_computed_group(block.param) if block.view is None else None
+        group = groups[block.param]
+        if group is not None:
+            by_group.setdefault(group, []).append(block)
+    stepped: set[torch.Tensor] = set()
+    for group, group_blocks in by_group.items():
+        units, blocks_of, loads = _owner_units(optimizer, group_blocks, dist.get_world_size(group))
+        if optimizer.fsdp_orthogonalize == "auto" and max(loads) > OWNER_COMPUTES_MAX_SHARE * sum(loads):
+            continue
+        _owner_step(optimizer, group, units, blocks_of)
+        stepped.update(block.param for block in group_blocks)
+    return stepped
+
+
+def _owner_units(
+    optimizer: Muon, blocks: Sequence[_Block], world_size: int
+) -> tuple[list[Unit], dict[Unit, list[_Block]], list[float]]:
+    """One :class:`~optzoo.optimizers.owner_compute.Unit` per matrix, owners assigned; its
+    blocks; and each rank's Newton–Schulz load."""
+    matrices: dict[tuple[torch.Tensor, int], list[_Block]] = {}
+    for block in blocks:
+        matrices.setdefault((block.param, block.index), []).append(block)
+    described = []
+    for (param, index), its_blocks in matrices.items():
+        _, rows, cols = its_blocks[0].layout
+        cost = sum(_ns_cost(block) for block in its_blocks)
+        described.append(((index * rows * cols, (index + 1) * rows * cols), dim0_chunks(param.shape, world_size), cost))
+    owners, loads = assign_owners(described, world_size)
+    units: list[Unit] = []
+    blocks_of: dict[Unit, list[_Block]] = {}
+    for (key, its_blocks), (span, holders, _), owner in zip(matrices.items(), described, owners):
+        unit = Unit(key, span[0], span[1], tuple(holders), owner)
+        units.append(unit)
+        blocks_of[unit] = its_blocks
+    return units, blocks_of, loads
+
+
+def _owner_step(optimizer: Muon, group: dist.ProcessGroup, units: Sequence[Unit], blocks_of: dict[Unit, list[_Block]]) -> None:
+    """Prepare every param on its shard, then per bucket of same-shape matrices: to the owners,
+    orthogonalise there, back to the ranks; then apply every param on its shard."""
+    rank = dist.get_rank(group)
+    prepared: dict[torch.Tensor, _Prepared] = {}
+    for unit in units:
+        param = blocks_of[unit][0].param
+        if param not in prepared:
+            group_settings = blocks_of[unit][0].group
+            prepared[param] = optimizer._prepare(param, group_settings, gather="direction" in optimizer._whole_inputs(group_settings))
+    whole_params = {param for param, p in prepared.items() if "orthogonal" in optimizer._whole_inputs(p.group)}
+    buckets: dict[tuple[Any, ...], list[Unit]] = {}
+    for unit in units:
+        first = blocks_of[unit][0]
+        buckets.setdefault((compute_dtype(first.param), *first.layout[1:]), []).append(unit)
+    shards: dict[torch.Tensor, torch.Tensor] = {}  # per param: this rank's flat piece of the result
+    wholes: dict[torch.Tensor, tuple[torch.Tensor, bool]] = {}  # per param needing it whole: the result, transposed?
+    for bucket in buckets.values():
+        matrices = to_owners(bucket, lambda u: prepared[blocks_of[u][0].param].direction.reshape(-1), rank=rank, group=group)
+        results = _orthogonalize_owned(optimizer, matrices, blocks_of, whole_params)
+        like = prepared[blocks_of[bucket[0]][0].param].direction
+        received = from_owners(
+            bucket, results, lambda u: blocks_of[u][0].param in whole_params, rank=rank, group=group, like=like
+        )
+        for unit, piece in received.items():
+            first = blocks_of[unit][0]
+            param = first.param
+            if param in whole_params:
+                if param not in wholes:
+                    count, rows, cols = first.layout
+                    transposed = _transposed(blocks_of[unit])  # the same for every matrix of a param
+                    wholes[param] = (like.new_empty((count, cols, rows) if transposed else (count, rows, cols)), transposed)
+                wholes[param][0][first.index].view(-1).copy_(piece)
+            else:
+                low = unit.holders[rank][0]
+                if param not in shards:
+                    shards[param] = like.new_empty(unit.holders[rank][1] - low)
+                start, stop = unit.piece(rank)
+                shards[param][start - low : stop - low] = piece
+    for param, ready in prepared.items():
+        if param in whole_params:
+            stacked, transposed = wholes[param]
+            optimizer._apply(ready, (stacked.mT if transposed else stacked).view(param.shape))
+        else:
+            local = local_shard(param)
+            flat = shards[param] if param in shards else ready.direction.new_empty(0)
+            optimizer._apply(ready, flat.view(local.shape), sharded=True)
+
+
+def _orthogonalize_owned(
+    optimizer: Muon, matrices: Mapping[Unit, torch.Tensor], blocks_of: Mapping[Unit, list[_Block]], whole_params: set[torch.Tensor]
+) -> dict[Unit, torch.Tensor]:
+    """This rank's whole matrices orthogonalised, batched as the plain path batches them, each
+    flattened for sending: row-major, or (sent whole) in the layout its receivers rebuild."""
+    batches: dict[tuple[Any, ...], list[tuple[Unit, _Block]]] = {}
+    for unit in matrices:
+        for block in blocks_of[unit]:
+            alone = dataclasses.replace(block, layout=(1, *block.layout[1:]), index=0)  # the block of the lone matrix
+            batches.setdefault(optimizer._batch_key(alone, len(batches)), []).append((unit, alone))
+    outputs: dict[Unit, torch.Tensor] = {}
+    for batch in batches.values():
+        _, rows, cols = batch[0][1].layout
+        out = optimizer._orthogonalize_batch([b for _, b in batch], [matrices[u].view(1, rows, cols) for u, _ in batch])
+        for slot, (unit, block) in zip(out, batch):
+            if block.whole:
+                outputs[unit] = slot
+            else:
+                if unit not in outputs:
+                    outputs[unit] = slot.new_empty((rows, cols))  # split blocks are gathered row-major
+                block.of(outputs[unit]).copy_(block.in_slot(slot))
+    results: dict[Unit, torch.Tensor] = {}
+    for unit, output in outputs.items():
+        if blocks_of[unit][0].param in whole_params and _transposed(blocks_of[unit]):
+            assert output.mT.is_contiguous()  # Newton–Schulz returns tall matrices transposed
+            results[unit] = output.mT.reshape(-1)
+        else:
+            results[unit] = output.reshape(-1)
+    return results
+
+
+def _owner_computed_group(param: torch.Tensor) -> dist.ProcessGroup | None:
+    """The process group of a param whose matrices owner-computes can step: a DTensor sharded
+    on dim 0 over a 1-D mesh of 2 or more ranks, with ``torch.chunk``'s layout; else ``None``."""
+    if not (isinstance(param, DTensor) and param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),)):
+        return None
+    group = param.device_mesh.get_group()
+    world_size = dist.get_world_size(group)
+    start, stop = dim0_chunks(param.shape, world_size)[dist.get_rank(group)]
+    return group if world_size > 1 and stop - start == param.to_local().numel() else None
+
+
+def _ns_cost(block: _Block) -> float:
+    """Newton–Schulz FLOPs of one block, the cheaper variant (as the registry's ``update_cost``)."""
+    rows, cols = block.shape
+    steps = block.group["num_ns_steps"]
+    return float(min(newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")))
+
+
+def _transposed(blocks: Sequence[_Block]) -> bool:
+    """Whether a matrix's orthogonalised output comes back transposed: a lone tall block
+    (Newton–Schulz iterates on the transpose of tall matrices); split blocks are gathered row-major."""
+    block = blocks[0]
+    return len(blocks) == 1 and block.groups == 1 and block.rows == block.layout[1] and block.shape[0] > block.shape[1]

@@ -657,3 +657,66 @@ register(
         scalar_fallback=True,
     )
 )
+
+
+def _adafactor_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dtype: torch.dtype) -> int:
+    """torch's float32 ``step``; a row and a column second-moment factor per matrix of an N-D param
+    (its last two dims), or an element-wise one for a vector or scalar; in the param's dtype."""
+    if len(shape) < 2:
+        return 4 + math.prod(shape) * _itemsize(dtype)
+    *stacked, rows, cols = shape
+    return 4 + math.prod(stacked) * (rows + cols) * _itemsize(dtype)
+
+
+def _adafactor_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
+    return elementwise_cost(shape, fields)
+
+
+register(
+    OptimizerSpec(
+        name="adafactor",
+        description="Adafactor: factored second moment, relative step size (torch.optim, foreach)",
+        source="torch",
+        family="adam",  # MuP: per-element adaptive, as Adam
+        elementwise=False,  # RMS(param) and the row/column factors span each matrix: no element slices
+        update_cost=_adafactor_cost,
+        shapes="any",
+        state_bytes=_adafactor_state_bytes,
+        config_fields=("adafactor_beta2_decay", "adafactor_eps1", "adafactor_eps2", "adafactor_d"),
+        instance_fields=(),
+        group_options=lambda c: {
+            "beta2_decay": c["adafactor_beta2_decay"], "eps": (c["adafactor_eps1"], c["adafactor_eps2"]), "d": c["adafactor_d"],
+        },  # fmt: skip
+        build=lambda groups, _: torch.optim.Adafactor(groups, foreach=True),
+        scalar_fallback=True,
+    )
+)
+
+
+def _place_2d(param: torch.Tensor, roles: frozenset[str], fields: Mapping[str, Any], explicit: bool, view: MatrixView | None) -> Placement:
+    """torch.optim.Muon takes 2-D params only: Muon's placement without stacks or flattened filters."""
+    return _place_matrix(param, roles, fields, explicit, None, n_d=False)
+
+
+register(
+    _matrix_only(
+        name="torch_muon",
+        description="torch.optim.Muon, as a reference beside optzoo's muon (2-D only); other params -> muon_scalar_optimizer",
+        source="torch",
+        family="orthogonalized",
+        update_cost=lambda shape, fields: newton_schulz_cost(shape, {"muon_num_ns_steps": fields["torch_muon_ns_steps"]}),
+        shapes="2-D only",
+        state_bytes=per_element_state(1),
+        place=_place_2d,
+        config_fields=(
+            "torch_muon_momentum", "torch_muon_nesterov", "torch_muon_ns_steps", "torch_muon_adjust_lr_fn",
+            "muon_scalar_optimizer", "muon_scalar_lr", "muon_input_layers",
+        ),  # fmt: skip
+        instance_fields=(),
+        group_options=lambda c: {
+            "momentum": c["torch_muon_momentum"], "nesterov": c["torch_muon_nesterov"], "ns_steps": c["torch_muon_ns_steps"],
+            "adjust_lr_fn": c["torch_muon_adjust_lr_fn"],
+        },  # fmt: skip
+        build=lambda groups, _: torch.optim.Muon(groups),
+    )
+)

@@ -7,7 +7,7 @@ A param that has never been stepped has no state; once stepped, it has every key
 
 Our optimizers answer ``state_layout(param, group, shape)`` themselves; the layouts of the
 torch and emerging-optimizers classes are transcribed here from their ``_init_group`` /
-``step`` (torch 2.x ``Adam``/``AdamW``/``SGD``, emerging-optimizers 0.3.0 ``Lion``/``SOAP``).
+``step`` (torch 2.x ``Adam``/``AdamW``/``SGD``/``Adafactor``, emerging-optimizers 0.3.0 ``Lion``/``SOAP``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,13 @@ def _lion(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: Mapping[
     return {"exp_avg": per_element(shape)}
 
 
+def _torch_adafactor(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
+    if len(shape) < 2:  # vectors and scalars keep a full second moment
+        return {"step": COUNT, "variance": per_element(shape)}
+    *stacked, rows, cols = shape  # a row and a column factor per matrix of the last two dims
+    return {"step": COUNT, "row_var": Slot((*stacked, rows, 1), "float"), "col_var": Slot((*stacked, 1, cols), "float")}
+
+
 def _soap(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: Mapping[str, Any], shape: tuple[int, ...]) -> StateLayout:
     rows, cols = shape  # SOAP takes 2-D params only (the registry's ``place``)
     factors = {"L": (rows, rows), "R": (cols, cols), "Q_L": (rows, rows), "Q_R": (cols, cols)}
@@ -79,6 +86,8 @@ def state_layout_of(optimizer: torch.optim.Optimizer, param: torch.Tensor, group
         return _torch_adam(optimizer, param, group, shape)
     if isinstance(optimizer, torch.optim.SGD):
         return _torch_sgd(optimizer, param, group, shape)
+    if isinstance(optimizer, torch.optim.Adafactor):
+        return _torch_adafactor(optimizer, param, group, shape)
     upstream = type(optimizer).__mro__
     names = {(cls.__module__.split(".")[0], cls.__name__) for cls in upstream}
     if ("emerging_optimizers", "Lion") in names:

@@ -70,6 +70,8 @@ GROUP_FIELDS: tuple[str, ...] = (
     "mop_scale_mode", "scion_spectral_radius", "muon_hyperball_eps", "muon_hyperball_radius",
     "sinkhorn_muon_num_iters", "sinkhorn_muon_eps", "sinkhorn_muon_doubly_stochastic_tolerance",
     "sinkhorn_muon_normalize_at_start",
+    "torch_muon_momentum", "torch_muon_nesterov", "torch_muon_ns_steps", "torch_muon_adjust_lr_fn",
+    "adafactor_beta2_decay", "adafactor_eps1", "adafactor_eps2", "adafactor_d",
 )  # fmt: skip
 """Config fields an override may set per parameter group; every other field is model-wide."""
 
@@ -353,6 +355,25 @@ class OptimizerConfig:
     laprop_correct_bias: bool = True
     """Adam-style bias correction of both LaProp moments."""
 
+    # ---- torch.optim.Muon (torch_muon) and Adafactor: torch's own, named Megatron's way ------
+    torch_muon_momentum: float = 0.95
+    """torch.optim.Muon's ``momentum``."""
+    torch_muon_nesterov: bool = True
+    """torch.optim.Muon's ``nesterov`` (torch's default, True; optzoo's ``muon_nesterov`` defaults to Megatron's False)."""
+    torch_muon_ns_steps: int = 5
+    """torch.optim.Muon's ``ns_steps``: Newton–Schulz iterations with its fixed quintic coefficients."""
+    torch_muon_adjust_lr_fn: str | None = None
+    """torch.optim.Muon's ``adjust_lr_fn``: ``None`` (= ``original``), ``original``,
+    ``match_rms_adamw`` or ``spectral_unclamped`` (see ``muon_scale_mode`` for their factors)."""
+    adafactor_beta2_decay: float = -0.8
+    """Adafactor's ``beta2_decay`` (<= 0): the second moment's decay is ``1 − step^beta2_decay``."""
+    adafactor_eps1: float | None = None
+    """Adafactor's ``eps[0]``, the floor of the factored second moment; ``None``: the dtype's smallest normal."""
+    adafactor_eps2: float = 1e-3
+    """Adafactor's ``eps[1]``, the floor of the param RMS the step size scales with."""
+    adafactor_d: float = 1.0
+    """Adafactor's clipping threshold ``d`` (>= 1) on the update's RMS."""
+
     # ---- Distributed optimizer --------------------------------------------------------------
     use_distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (ZeRO-1; :mod:`optzoo.distributed`)."""
@@ -462,6 +483,7 @@ class OptimizerConfig:
             ("muon_fp32_matmul_prec", get_args(MuonMatmulPrecision)),
             ("adaptive_muon_moment2_method", get_args(AdaptiveMuonMoment2Method)),
             ("mop_scale_mode", (*get_args(MuonScaleMode), "nuclear_norm")),
+            ("torch_muon_adjust_lr_fn", (None, "original", "match_rms_adamw", "spectral_unclamped")),
             ("muon_fsdp_orthogonalize", get_args(MuonFsdpOrthogonalize)),
         ):
             value = getattr(self, field)
@@ -472,7 +494,7 @@ class OptimizerConfig:
 
     def _check_ranges(self) -> None:
         for field in (
-            "adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum", "lion_beta1",
+            "adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum", "torch_muon_momentum", "lion_beta1",
             "lion_beta2", "laprop_beta1", "laprop_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
         ):  # fmt: skip
             value = getattr(self, field)
@@ -482,10 +504,10 @@ class OptimizerConfig:
             value = getattr(self, field)
             if value is not None and not value >= 0.0:
                 raise _fail(field, "must be non-negative", value, "a float >= 0 or None")
-        for field in ("weight_decay", "clip_grad", "adaptive_muon_eps"):
+        for field in ("weight_decay", "clip_grad", "adaptive_muon_eps", "adafactor_eps1", "adafactor_eps2"):
             value = getattr(self, field)
-            if not value >= 0.0:
-                raise _fail(field, "must be non-negative", value, "a float >= 0")
+            if value is not None and not value >= 0.0:  # only adafactor_eps1 may be None
+                raise _fail(field, "must be non-negative", value, "a float >= 0" + (" or None" if field == "adafactor_eps1" else ""))
         threshold = self.grad_norm_skip_threshold
         if not (finite_number(threshold) or threshold == math.inf) or not threshold > 0.0:
             raise _fail("grad_norm_skip_threshold", "must be a finite number > 0, or inf", threshold, "a number > 0, or inf to never skip")
@@ -503,7 +525,11 @@ class OptimizerConfig:
             floor, peak = getattr(self, low), getattr(self, high)
             if floor is not None and peak is not None and floor > peak:  # the schedule would anneal up
                 raise _fail(low, f"must not exceed {high}", _Shown(f"{low}={floor!r}, {high}={peak!r}"), f"{low} <= {high}")
-        for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis", "sinkhorn_muon_num_iters"):
+        if not self.adafactor_beta2_decay <= 0.0:
+            raise _fail("adafactor_beta2_decay", "must not be positive", self.adafactor_beta2_decay, "a float <= 0")
+        if not (finite_number(self.adafactor_d) and self.adafactor_d >= 1.0):
+            raise _fail("adafactor_d", "must be a finite number >= 1", self.adafactor_d, "a float >= 1")
+        for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis", "sinkhorn_muon_num_iters", "torch_muon_ns_steps"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(field, "must be a positive integer", value, "an int >= 1")

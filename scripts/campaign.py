@@ -180,6 +180,7 @@ CHOICES = {
     "muon_coefficient_type": get_args(MuonCoefficientType), "muon_tp_mode": get_args(MuonTPMode),
     "adaptive_muon_moment2_method": get_args(AdaptiveMuonMoment2Method),
     "muon_fsdp_orthogonalize": get_args(MuonFsdpOrthogonalize),
+    "torch_muon_adjust_lr_fn": (None, "original", "match_rms_adamw", "spectral_unclamped"),
 }  # fmt: skip
 FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)
 RANGES: dict[str, Callable[[float], bool]] = {
@@ -194,6 +195,8 @@ RANGES: dict[str, Callable[[float], bool]] = {
     "loss_scale_window": lambda v: v >= 1 and float(v).is_integer(),
     "optimizer_offload_fraction": lambda v: v == 0,
     "loss_scale": lambda v: False, "decoupled_min_lr": lambda v: False,  # need fp16/bf16, decoupled_lr
+    "torch_muon_momentum": lambda v: 0 <= v < 1, "adafactor_beta2_decay": lambda v: v <= 0,
+    "adafactor_eps1": lambda v: v >= 0, "adafactor_eps2": lambda v: v >= 0, "adafactor_d": lambda v: v >= 1,
 }  # fmt: skip
 
 

@@ -54,6 +54,9 @@ OPTZOO_EXTENSIONS = {
     "muon_hyperball_radius": None, "sinkhorn_muon_num_iters": 20, "sinkhorn_muon_eps": 1e-8,
     "sinkhorn_muon_doubly_stochastic_tolerance": 0.1,
     "sinkhorn_muon_normalize_at_start": True,  # an optzoo extension: upstream raises (False)
+    # torch's own Muon and Adafactor, named the same way, torch's defaults
+    "torch_muon_momentum": 0.95, "torch_muon_nesterov": True, "torch_muon_ns_steps": 5, "torch_muon_adjust_lr_fn": None,
+    "adafactor_beta2_decay": -0.8, "adafactor_eps1": None, "adafactor_eps2": 1e-3, "adafactor_d": 1.0,
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 
@@ -102,7 +105,7 @@ def test_choice_aliases_match_emerging_optimizers() -> None:
         ({"muon_scale_mode": "rms"}, r"`OptimizerConfig.muon_scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling', 'original', 'match_rms_adamw', 'spectral_unclamped'\]"),
         ({"muon_coefficient_type": "cubic"}, r"`OptimizerConfig.muon_coefficient_type`: Unsupported muon coefficient type 'cubic'\. Supported types: \('simple', 'quintic', .*; got 'cubic'; expected one of \['simple', 'quintic', 'polar_express'"),
         ({"muon_tp_mode": "x"}, r"`OptimizerConfig.muon_tp_mode`: unknown value; got 'x'; expected one of \['blockwise', 'duplicated', 'distributed'\]"),
-        ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion', 'laprop'\]"),
+        ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion', 'laprop', 'adafactor'\]"),
         ({"adaptive_muon_moment2_method": "x"}, r"`OptimizerConfig.adaptive_muon_moment2_method`: unknown value; got 'x'; expected one of \['adamuon', 'normuon', 'namo'\]"),
         ({"muon_fp32_matmul_prec": "low"}, r"`OptimizerConfig.muon_fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),
         ({"muon_num_ns_steps": 0}, r"`OptimizerConfig.muon_num_ns_steps`: must be a positive integer; got 0; expected an int >= 1"),

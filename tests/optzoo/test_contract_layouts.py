@@ -42,10 +42,11 @@ def _layout_params(row: OptzooOptimizerInfo, inp: OptimizerInput, layout: str) -
 
 def _reduces_over_params(row: OptzooOptimizerInfo, inp: OptimizerInput) -> bool:
     """Whether the update sums over a param's elements (a clip norm, SOAP's factors, NorMuon's and
-    NAMO's norms): such sums run in storage order, so another layout rounds them differently."""
+    NAMO's norms, torch's Adafactor's RMS and factors): such sums run in storage order, so another
+    layout rounds them differently."""
     kwargs = inp.kwargs
     method = kwargs.get("moment2_method", kwargs.get("adaptive_muon_moment2_method"))
-    return bool(kwargs.get("clip_grad")) or method in ("normuon", "namo")
+    return bool(kwargs.get("clip_grad")) or method in ("normuon", "namo") or row.name == "get_optimizer[adafactor]"
 
 
 def _permuted_layout_comparable(row: OptzooOptimizerInfo) -> bool:
