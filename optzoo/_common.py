@@ -34,6 +34,7 @@ __all__ = [
     "dense_layout",
     "describe_param",
     "did_you_mean",
+    "dtensor_runs",
     "fused_supported",
     "has_fused_kernel",
     "invalid",
@@ -285,12 +286,29 @@ def has_fused_kernel(params: Sequence[torch.Tensor]) -> bool:
     return bool(params) and all(p.device.type in devices and torch.is_floating_point(p) for p in params)
 
 
-def fused_supported(params: Sequence[torch.Tensor]) -> bool:
-    """Whether torch's fused optimizer kernels take these params as they are: :func:`has_fused_kernel`,
-    and every layout without gaps (:func:`dense_layout`), which torch does not check and its CPU
-    kernels need. optzoo's wrapper steps a param with gaps through a dense working copy, so there
-    this holds; elsewhere such a param moves its optimizer to the foreach kernel."""
-    return has_fused_kernel(params) and all(dense_layout(p) for p in params)
+def dtensor_runs(op: str) -> bool:
+    """Whether DTensor (FSDP2's params) has a sharding rule for the aten op ``op`` (e.g.
+    ``"_fused_adam_"``): torch registers them for its fused Adam and AdamW kernels, not for
+    fused SGD, which raises ``NotImplementedError`` mid-step on DTensor params. Read from torch's
+    own table of rules; where that private table moves, nothing has a rule (foreach runs on DTensors)."""
+    overloads = getattr(torch.ops.aten, op, None)
+    if overloads is None:
+        return False
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    tables = [getattr(propagator, table, {}) for table in ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")]
+    return any(getattr(overloads, overload) in table for overload in overloads.overloads() for table in tables)
+
+
+def fused_supported(params: Sequence[torch.Tensor], op: str | None = None) -> bool:
+    """Whether torch's fused optimizer kernel (the aten op ``op``, e.g. ``"_fused_sgd_"``) takes these
+    params as they are: :func:`has_fused_kernel`, every layout without gaps (:func:`dense_layout`),
+    which torch does not check and its CPU kernels need, and, for DTensor params, a DTensor rule for
+    ``op`` (:func:`dtensor_runs`; without ``op``, DTensor params are not taken). optzoo's wrapper
+    steps a param with gaps through a dense working copy, so there this holds; elsewhere such a
+    param moves its optimizer to the foreach kernel."""
+    if not (has_fused_kernel(params) and all(dense_layout(p) for p in params)):
+        return False
+    return not any(isinstance(p, DTensor) for p in params) or (op is not None and dtensor_runs(op))
 
 
 def assign_least_loaded(costs: Sequence[float], loads: list[float]) -> list[int]:

@@ -9,10 +9,13 @@ window shows. JSON output is for programs and is never wrapped (docs/cli.md).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import importlib
 import itertools
 import os
 import pty
+import re
 import select
 import shutil
 import struct
@@ -26,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from optzoo.cli import main
+from optzoo.optimizers.registry import get_spec, register, registered_names, unregister
 
 WIDTH = 80
 
@@ -201,3 +205,48 @@ def test_a_reader_that_leaves_early_gets_no_error() -> None:
         shell=True, executable="/bin/bash", capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert (done.returncode, done.stderr) == (0, "")
+
+
+UPSTREAM_PACKAGES = ("orthogonalized_optimizers", "scalar_optimizers", "soap", "psgd", "riemannian_optimizers")
+"""emerging-optimizers' packages whose modules register its algorithms on import."""
+
+
+def _upstream_names() -> list[str]:
+    for package in UPSTREAM_PACKAGES:
+        importlib.import_module(f"emerging_optimizers.{package}")
+    from emerging_optimizers import registry
+
+    return registry.get_optimizer_name_list()
+
+
+@pytest.fixture
+def zoo_of_at_least_19() -> list[str]:
+    """The registry with a stand-in record for every emerging-optimizers algorithm not yet
+    registered here, and more until it has 19 names (issue 26: the 15 upstream, adam, sgd and
+    what optzoo adds), each described at the length of the longest real description."""
+    longest = max((get_spec(name) for name in registered_names()), key=lambda spec: len(spec.description))
+    missing = [name for name in _upstream_names() if name not in registered_names()]
+    missing += [f"optzoo_extra_{i}" for i in range(19 - len(registered_names()) - len(missing))]
+    for name in missing:
+        register(dataclasses.replace(longest, name=name, description=f"{name}: {longest.description}"))
+    try:
+        yield registered_names()
+    finally:
+        for name in missing:
+            unregister(name)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_optzoo_list_of_every_name_fits_the_terminal(
+    columns: int, zoo_of_at_least_19: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: `optzoo list` shows every registered name, whole, one row each, and fits 100
+    columns (and 80, piped) with 19 names or more."""
+    assert len(zoo_of_at_least_19) >= 19
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for flags in ([], ["--fields"]):
+        assert main(["list", *flags]) == 0
+        out = capsys.readouterr().out
+        assert max(map(len, out.splitlines())) <= columns, (flags, out)
+        for name in zoo_of_at_least_19:  # whole, at the start of its row (in a grid or under a plain header)
+            assert len(re.findall(rf"^(?:│ )?{re.escape(name)} ", out, re.MULTILINE)) == 1, (name, flags, out)
