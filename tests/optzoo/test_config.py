@@ -49,6 +49,14 @@ OPTZOO_EXTENSIONS = {
     "muon_scalar_lr": None,  # issue 25: the scalar optimizer's own lr
     # issue 26: LaProp's fields, named Megatron's way (<name>_<kwarg>); defaults are upstream's
     "laprop_beta1": 0.9, "laprop_beta2": 0.999, "laprop_eps": 1e-8, "laprop_correct_bias": True,
+    # issue 26: REKLS, PSGD-Pro and the oblique optimizers; defaults are upstream 0.3.0's signatures'
+    "rekls_beta1": 0.9, "rekls_beta2": 0.95, "rekls_eps": 1e-8, "rekls_shampoo_beta": 0.95,
+    "psgd_pro_momentum": 0.9, "psgd_pro_beta_lip": 0.9, "psgd_pro_precond_lr": 0.1, "psgd_pro_min_precond_lr": 0.01,
+    "psgd_pro_precond_init_scale": 1.0, "psgd_pro_damping_noise_scale": 0.1, "psgd_pro_warmup_steps": 10000,
+    "psgd_pro_max_update_rms": 0.0,
+    "oblique_sgd_momentum": 0.9, "oblique_sgd_dim": 0, "oblique_sgd_eps": 1e-8,
+    "oblique_adam_beta1": 0.9, "oblique_adam_beta2": 0.99, "oblique_adam_dim": 0, "oblique_adam_eps": 1e-8,
+    "oblique_adam_correct_bias": True,
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 

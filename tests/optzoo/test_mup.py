@@ -243,7 +243,7 @@ def test_optimizer_type_defaults_to_the_config_and_overrides_it() -> None:
         (float("inf"), None, "`mup_width_mult`: must be a finite number > 0; got inf; expected hidden_size / base_hidden_size, e.g. 4.0"),
         (True, None, "`mup_width_mult`: must be a finite number > 0; got True; expected hidden_size / base_hidden_size, e.g. 4.0"),
         (2.0, "adamw", ("`optimizer_type`: unknown optimizer; got 'adamw'; expected one of ['adam', 'sgd', 'lion', 'soap', "
-                       "'muon', 'adaptive_muon', 'laprop']")),
+                       "'muon', 'adaptive_muon', 'laprop', 'rekls', 'psgd_pro', 'oblique_sgd', 'oblique_adam']")),
     ],
 )  # fmt: skip
 def test_bad_arguments(width: Any, optimizer_type: str | None, message: str) -> None:
