@@ -251,9 +251,10 @@ def _psgd_seeded(upstream: Any) -> Any:
     (:func:`psgd_noise_seed`, counted in ``state["noise_step"]``: upstream's own ``state["step"]``
     stays 0, as upstream leaves it, so its preconditioner lr schedule is upstream's), its
     ``torch.compile``d functions run eagerly for CPU params (compiling them took the first CPU
-    step seconds, and the compiled CPU kernels draw other random numbers than eager torch), and
+    step seconds, and the compiled CPU kernels draw other random numbers than eager torch),
     float64 params keeping float64 factors (upstream's float32 ``torch.eye`` factors fail to
-    contract with them). Upstream's arithmetic is unchanged."""
+    contract with them), and a contiguous momentum (upstream's takes the gradient's strides, so
+    a transposed param drew its noise in another order). Upstream's arithmetic is unchanged."""
     from emerging_optimizers.psgd import psgd as module
 
     class Stepper(upstream):  # type: ignore[misc]  # untyped upstream
@@ -282,8 +283,8 @@ def _psgd_seeded(upstream: Any) -> Any:
             assert grad is not None
             if "step" not in state:
                 state["step"] = 0
-            if "exp_avg" not in state:
-                state["exp_avg"] = torch.zeros_like(grad)
+            if "exp_avg" not in state:  # contiguous: randn_like(exp_avg) then draws in the param's logical order, whatever its layout
+                state["exp_avg"] = torch.zeros_like(grad, memory_format=torch.contiguous_format)
             if "Q" not in state or "L" not in state:
                 q_list, lip_list = module._init_psgd_kron_states(grad, precond_init_scale=self.precond_init_scale)
                 if grad.dtype == torch.float64:

@@ -62,6 +62,8 @@ class OptzooOptimizerInfo:
     error_inputs: Callable[[], list[ErrorOptimizerInput]] = list
     wrapper: bool = False
     """Built by ``get_optimizer``: Megatron's step result and optzoo's name-keyed state dicts."""
+    algorithm: str | None = None
+    """The registered name a wrapper row builds (its registry record holds the algorithm's facts)."""
     matrices_only: bool = False
     """Takes 2-D and larger params only (the Muon classes)."""
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
@@ -154,6 +156,7 @@ def _wrapper_row(name: str) -> OptzooOptimizerInfo:
         optim_inputs=_inputs(*rows, ("bf16 params, fp32 mains", {"bf16": True})),
         error_inputs=_errors(*_CONFIG_ERRORS, *_ALGORITHM_ERRORS.get(name, [])),
         wrapper=True,
+        algorithm=name,
         dtypes=(torch.float32,),
     )
 
