@@ -686,7 +686,10 @@ register(
             "precond_lr": c["psgd_pro_precond_lr"], "min_precond_lr": c["psgd_pro_min_precond_lr"],
         },  # fmt: skip
         build=_build_psgd_pro,
-        verified_step=True,  # its gradient covariances overflow float32 for finite grads ~1e19, making Q non-finite
+        # Nothing bounds the factors it fits (a step of precond_lr / L with L from random-subspace norm
+        # estimates, then a Procrustes rotation sized from traces): a non-finite result from finite
+        # grads is not ruled out, so it is checked; a copy of O(m² + n²) state next to an O(m³ + n³) step.
+        verified_step=True,
     )
 )
 

@@ -306,3 +306,28 @@ def test_a_per_group_field_is_validated_naming_the_group() -> None:
     model = torch.nn.Linear(6, 4)
     with pytest.raises(ValueError, match=r"param group #0 \(rules #0 name='\*'\): `OptimizerConfig.oblique_sgd_dim`: must be 0 or 1; got 3"):
         get_optimizer(CONFIGS["oblique_sgd"], model, {ParamKey(name="*"): {"oblique_sgd_dim": 3}})
+
+
+def test_rekls_with_huge_finite_grads_skips_with_nothing_changed() -> None:
+    """Gradients of 1e16 overflow REKLS's float32 factors G·Gᵀ (its eigh then fails to converge,
+    as SOAP's): the step is skipped with params and state as they were, and the next equals a twin's."""
+    model = torch.nn.Linear(6, 4, bias=False)
+    config = CONFIGS["rekls"]
+    rule = {ParamKey(name="*"): {"optimizer": "rekls"}}
+    reference_model = twin(model)
+    optimizer, reference = get_optimizer(config, model, rule, trace=False), get_optimizer(config, reference_model, rule, trace=False)
+    generator = torch.Generator().manual_seed(1)
+    grad = torch.randn(4, 6, generator=generator)
+    for m, o in ((model, optimizer), (reference_model, reference)):
+        m.weight.grad = grad.clone()
+        assert o.step()[0]
+    before = (model.weight.detach().clone(), {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[model.weight].items()})
+    model.weight.grad = torch.randn(4, 6, generator=generator) * 1e16
+    assert optimizer.step()[0] is False
+    assert torch.equal(model.weight, before[0])
+    _same_state(optimizer.state[model.weight], before[1], "after the skipped step")
+    grad = torch.randn(4, 6, generator=generator)
+    for m, o in ((model, optimizer), (reference_model, reference)):
+        m.weight.grad = grad.clone()
+        assert o.step()[0]
+    assert torch.equal(model.weight, reference_model.weight)
