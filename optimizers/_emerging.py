@@ -238,7 +238,7 @@ def _seeded_noise(seed: int, device: torch.device) -> Iterator[None]:
     accelerator = device.type != "cpu"
     devices = [device.index if device.index is not None else torch.get_device_module(device.type).current_device()] if accelerator else []
     with torch.random.fork_rng(devices=devices, device_type=device.type if accelerator else "cuda"):
-        torch.random.default_generator.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         if accelerator:
             module = torch.get_device_module(device.type)
             with module.device(devices[0]):
