@@ -331,3 +331,32 @@ def test_rekls_with_huge_finite_grads_skips_with_nothing_changed() -> None:
         m.weight.grad = grad.clone()
         assert o.step()[0]
     assert torch.equal(model.weight, reference_model.weight)
+
+
+def test_a_verified_step_checks_the_tensors_psgd_keeps_in_lists() -> None:
+    """A non-finite Kronecker factor (in PSGD's state list) makes the verified step a skip, with
+    the params and state as they were, even while the param itself came out finite."""
+    from optzoo.wrapper import step_guards
+
+    model = torch.nn.Linear(6, 4, bias=False)
+    optimizer = get_optimizer(CONFIGS["psgd_pro"], model, {ParamKey(name="*"): {"optimizer": "psgd_pro"}}, trace=False)
+    inner = next(o for o in optimizer.optimizers if type(o).__name__ == "PSGDPro")
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(1))
+    assert optimizer.step()[0]
+    kept = step_guards.snapshot(inner, [model.weight])
+    assert any(t is inner.state[model.weight]["Q"][1] for t in step_guards.tensors_of(inner, kept))
+    before = (model.weight.detach().clone(), [q.clone() for q in inner.state[model.weight]["Q"]])
+    original = type(inner)._step_param
+
+    def poisoning(self: Any, p: torch.Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        original(self, p, group, state)
+        state["Q"][1][0, 0] = float("inf")  # as an overflowed factor fit would leave it
+
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(2))
+    type(inner)._step_param = poisoning
+    try:
+        assert optimizer.step()[0] is False
+    finally:
+        type(inner)._step_param = original
+    assert torch.equal(model.weight, before[0])
+    assert all(torch.equal(q, b) for q, b in zip(inner.state[model.weight]["Q"], before[1], strict=True))
