@@ -4,6 +4,7 @@ matrices only (the rest goes to ``muon_scalar_optimizer``, saying why), and vali
 
 from __future__ import annotations
 
+import copy
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -360,3 +361,17 @@ def test_a_verified_step_checks_the_tensors_psgd_keeps_in_lists() -> None:
         type(inner)._step_param = original
     assert torch.equal(model.weight, before[0])
     assert all(torch.equal(q, b) for q, b in zip(inner.state[model.weight]["Q"], before[1], strict=True))
+
+
+@pytest.mark.parametrize(("name", "key"), [("oblique_sgd", "momentum_buffer"), ("oblique_adam", "exp_avg_sq"), ("rekls", "Q_L")])
+def test_a_checkpoint_with_a_wrong_shaped_moment_is_refused_by_name_changing_nothing(name: str, key: str) -> None:
+    model = torch.nn.Linear(6, 4, bias=False)
+    optimizer = get_optimizer(CONFIGS[name], model, {ParamKey(name="*"): {"optimizer": name}}, trace=False)
+    fill_grads(list(model.parameters()), torch.Generator().manual_seed(1))
+    assert optimizer.step()[0]
+    saved = copy.deepcopy(optimizer.state_dict())
+    kept = {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[model.weight].items()}
+    saved["state"]["weight"][key] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=rf"`weight`: state `{key}` shape differs; got \(3, 3\) in the checkpoint; expected \("):
+        optimizer.load_state_dict(saved)
+    _same_state(optimizer.state[model.weight], kept, "after the refused load")
