@@ -86,9 +86,9 @@ def psgd_pro(
 
     Groups carry ``lr``, ``weight_decay``, ``momentum``, ``beta_lip``, ``precond_lr`` and
     ``min_precond_lr``; the rest are upstream's instance arguments. The step is upstream's loop
-    (:func:`_psgd_seeded`) with two changes: its noise is drawn from a generator seeded per param
-    and step (so a resumed, copied or re-sharded run draws the same noise), and CPU params run
-    upstream's ``torch.compile``d functions eagerly.
+    (:func:`_psgd_seeded`, which lists what differs): chiefly, its noise is drawn from a generator
+    seeded per param and step (so a resumed, copied or re-sharded run draws the same noise), and
+    CPU params run upstream's ``torch.compile``d functions eagerly.
     """
     first = param_groups[0]
     optimizer: torch.optim.Optimizer = _upstream_class("PSGDPro")(
