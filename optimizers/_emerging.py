@@ -7,8 +7,11 @@ so keeping the imports in one place makes an upgrade one file's work. Imports ar
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import importlib
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -59,6 +62,55 @@ def soap(param_groups: list[dict[str, Any]], *, use_kl_shampoo: bool) -> torch.o
     optimizer: torch.optim.Optimizer = _upstream_class("SOAP")(
         param_groups, lr=first["lr"], weight_decay_method="decoupled", use_kl_shampoo=use_kl_shampoo
     )
+    return optimizer
+
+
+def rekls(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``emerging_optimizers.soap.REKLS`` over complete groups: SOAP with the KL-Shampoo factors,
+    each step's gradient in them before a full ``eigh`` refreshes the eigenbasis.
+
+    Groups carry ``lr``, ``weight_decay``, ``betas``, ``eps`` and ``shampoo_beta``; weight decay
+    is decoupled (upstream's default). Like SOAP it takes 2-D params only, and its Adam update is
+    upstream's ``torch.compile``d function on every device (as SOAP's: one ulp of rounding moves
+    SOAP-family weights by about ``lr`` in their first steps, so an eager path is not the same result).
+    """
+    first = param_groups[0]
+    optimizer: torch.optim.Optimizer = _upstream_class("REKLS")(param_groups, lr=first["lr"], weight_decay_method="decoupled")
+    return optimizer
+
+
+def psgd_pro(
+    param_groups: list[dict[str, Any]], *, precond_init_scale: float, damping_noise_scale: float, warmup_steps: int, max_update_rms: float
+) -> torch.optim.Optimizer:
+    """``emerging_optimizers.psgd.PSGDPro`` (PSGD-Kron-Whiten with a Procrustes step) over complete groups.
+
+    Groups carry ``lr``, ``weight_decay``, ``momentum``, ``beta_lip``, ``precond_lr`` and
+    ``min_precond_lr``; the rest are upstream's instance arguments. The step is upstream's loop
+    (:func:`_psgd_seeded`, which lists what differs): chiefly, its noise is drawn from a generator
+    seeded per param and step (so a resumed, copied or re-sharded run draws the same noise), and
+    CPU params run upstream's ``torch.compile``d functions eagerly.
+    """
+    first = param_groups[0]
+    optimizer: torch.optim.Optimizer = _upstream_class("PSGDPro")(
+        param_groups, lr=first["lr"], weight_decay_method="decoupled", precond_init_scale=precond_init_scale,
+        damping_noise_scale=damping_noise_scale, warmup_steps=warmup_steps, max_update_rms=max_update_rms,
+    )  # fmt: skip
+    return optimizer
+
+
+def oblique_sgd(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``emerging_optimizers.riemannian_optimizers.ObliqueSGD`` over complete groups (``lr``,
+    ``weight_decay``, ``momentum``, ``dim``, ``eps``): Riemannian SGD keeping each slice along
+    ``dim`` of a 2-D param at unit norm (retracted after every step); decay decoupled."""
+    optimizer: torch.optim.Optimizer = _upstream_class("ObliqueSGD")(param_groups, weight_decay_method="decoupled")
+    return optimizer
+
+
+def oblique_adam(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``emerging_optimizers.riemannian_optimizers.ObliqueAdam`` over complete groups (``lr``,
+    ``weight_decay``, ``betas``, ``dim``, ``eps``, ``correct_bias``): Adam's normalised moment
+    projected onto the unit sphere of each slice along ``dim``, then retracted; decay decoupled."""
+    optimizer: torch.optim.Optimizer = _upstream_class("ObliqueAdam")(param_groups, weight_decay_method="decoupled")
     return optimizer
 
 
@@ -172,28 +224,121 @@ def _laprop_eager_on_cpu(upstream: Any) -> Any:
     return _stepping_cpu_params_eagerly(upstream, update)
 
 
+def psgd_noise_seed(name: str, noise_step: int) -> int:
+    """The seed of PSGD's noise for param ``name`` at its ``noise_step``-th step (from 0):
+    ``crc32("<name>:<noise_step>")``, a function of the param and step alone, so every rank, a
+    resumed run and a copy draw the same noise (upstream draws from the global generator)."""
+    return zlib.crc32(f"{name}:{noise_step}".encode())
+
+
+@contextlib.contextmanager
+def _seeded_noise(seed: int, device: torch.device) -> Iterator[None]:
+    """Draws on ``device`` (and the CPU) from generators seeded with ``seed``; the caller's
+    generator states are put back afterwards."""
+    accelerator = device.type != "cpu"
+    devices = [device.index if device.index is not None else torch.get_device_module(device.type).current_device()] if accelerator else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if accelerator else "cuda"):
+        torch.default_generator.manual_seed(seed)
+        if accelerator:
+            module = torch.get_device_module(device.type)
+            with module.device(devices[0]):
+                module.manual_seed(seed)
+        yield
+
+
+def _psgd_seeded(upstream: Any) -> Any:
+    """Upstream 0.3.0's ``PSGDPro.step``, param by param, with its noise seeded per param and step
+    (:func:`psgd_noise_seed`, counted in ``state["noise_step"]``: upstream's own ``state["step"]``
+    stays 0, as upstream leaves it, so its preconditioner lr schedule is upstream's), its
+    ``torch.compile``d functions run eagerly for CPU params (compiling them took the first CPU
+    step ~36 s on two 64 × 64 matrices; eager gives the same params bit for bit on CPU),
+    float64 params keeping float64 factors (upstream's float32 ``torch.eye`` factors fail to
+    contract with them), and a contiguous momentum (upstream's takes the gradient's strides, so
+    a transposed param drew its noise in another order). Upstream's arithmetic is unchanged."""
+    from emerging_optimizers.psgd import psgd as module
+
+    class Stepper(upstream):  # type: ignore[misc]  # untyped upstream
+        __doc__ = upstream.__doc__
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> None:
+            if closure is not None:
+                raise ValueError("closure is not supported")  # upstream's message; _keeping_contract runs closures
+            for group_index, group in enumerate(self.param_groups):
+                names = group.get("param_names")
+                for index, p in enumerate(group["params"]):
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    noise_step = state.get("noise_step", 0)
+                    key = names[index] if names and index < len(names) else f"{group_index}.{index}"  # the class alone: by place
+                    seed = psgd_noise_seed(key, noise_step)
+                    eager = torch.compiler.set_stance("force_eager") if p.device.type == "cpu" else contextlib.nullcontext()
+                    with _seeded_noise(seed, p.device), eager:
+                        self._step_param(p, group, state)
+                    state["noise_step"] = noise_step + 1
+
+        def _step_param(self, p: torch.Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+            grad = p.grad
+            assert grad is not None
+            if "step" not in state:
+                state["step"] = 0
+            if "exp_avg" not in state:  # contiguous: randn_like(exp_avg) then draws in the param's logical order, whatever its layout
+                state["exp_avg"] = torch.zeros_like(grad, memory_format=torch.contiguous_format)
+            if "Q" not in state or "L" not in state:
+                q_list, lip_list = module._init_psgd_kron_states(grad, precond_init_scale=self.precond_init_scale)
+                if grad.dtype == torch.float64:
+                    q_list, lip_list = [q.double() for q in q_list], [lip.double() for lip in lip_list]
+                state["Q"], state["L"] = q_list, lip_list
+            self._apply_weight_decay_inplace(p, grad, group["lr"], group["weight_decay"])
+            exp_avg = state["exp_avg"]
+            exp_avg.lerp_(grad, 1 - group["momentum"])
+            precond_lr = module._get_precond_lr(group["precond_lr"], state["step"], group["min_precond_lr"], self.warmup_steps)
+            state["Q"], state["L"] = module._update_precond_procrustes(
+                state["Q"], state["L"], exp_avg, self.damping_noise_scale, precond_lr, group["beta_lip"]
+            )
+            module.psgd_utils.uniformize_q_in_place(state["Q"])
+            update = module.psgd_kron_contractions.apply_preconditioner(state["Q"], exp_avg)
+            module._clip_update_rms_in_place(update, self.max_update_rms)
+            p.add_(update, alpha=-group["lr"])
+
+    Stepper.__name__ = Stepper.__qualname__ = upstream.__name__
+    Stepper.__module__ = upstream.__module__
+    return Stepper
+
+
+_UPSTREAM: dict[str, tuple[str, str]] = {
+    "Lion": ("emerging_optimizers.scalar_optimizers.lion", "lion"),
+    "LaProp": ("emerging_optimizers.scalar_optimizers.laprop", "laprop"),
+    "SOAP": ("emerging_optimizers.soap.soap", "soap"),
+    "REKLS": ("emerging_optimizers.soap.rekls", "rekls"),
+    "PSGDPro": ("emerging_optimizers.psgd.psgd", "psgd_pro"),
+    "ObliqueSGD": ("emerging_optimizers.riemannian_optimizers.normalized_optimizer", "oblique_sgd"),
+    "ObliqueAdam": ("emerging_optimizers.riemannian_optimizers.normalized_optimizer", "oblique_adam"),
+}
+"""Upstream class name -> (the module whose import registers it, its name in upstream's registry)."""
+
+_ADAPTED: dict[str, Callable[[Any], Any]] = {"Lion": _eager_on_cpu, "LaProp": _laprop_eager_on_cpu, "PSGDPro": _psgd_seeded}
+"""The classes whose step optzoo changes (each function says how), over upstream's class."""
+
+
 @functools.cache
 def _upstream_class(name: str) -> Any:  # an untyped upstream class
+    """Upstream's class ``name``, from upstream's registry (``registry.get_optimizer_cls``), adapted
+    where :data:`_ADAPTED` says and made to keep torch's contract (:func:`_keeping_contract`)."""
+    module, registered = _UPSTREAM[name]
     try:
-        if name == "Lion":
-            from emerging_optimizers.scalar_optimizers.lion import Lion
-
-            upstream = _eager_on_cpu(Lion)
-        elif name == "LaProp":
-            from emerging_optimizers.scalar_optimizers.laprop import LaProp
-
-            upstream = _laprop_eager_on_cpu(LaProp)
-        else:
-            from emerging_optimizers.soap.soap import SOAP
-
-            upstream = SOAP
+        importlib.import_module(module)  # registers the class
+        from emerging_optimizers import registry
     except ImportError as error:  # pragma: no cover
         raise ImportError(_MISSING) from error
-    return _keeping_contract(upstream)
+    upstream = registry.get_optimizer_cls(registered)
+    adapt = _ADAPTED.get(name)
+    return _keeping_contract(adapt(upstream) if adapt is not None else upstream)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Lion", "LaProp", "SOAP"):  # built on first use: upstream is imported lazily
+    if name in _UPSTREAM:  # built on first use: upstream is imported lazily
         return _upstream_class(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -41,11 +41,12 @@ __all__ = [
 ]
 
 Source = Literal["torch", "emerging-optimizers", "optzoo"]
-Family = Literal["adam", "sgd", "sign", "orthogonalized", "preconditioned"]
+Family = Literal["adam", "sgd", "sign", "orthogonalized", "preconditioned", "riemannian"]
 """An algorithm's lineage, which decides MuP's rules (:func:`optzoo.get_mup_config_overrides`):
 ``adam``, per-element adaptive (hidden lr and ``adam_eps`` scale by 1/width); ``sgd`` (the
 vector-like params' lr scales by width); ``orthogonalized``, the Muon family (the matrices it
-manages keep its own shape scaling); ``sign`` (Lion) and ``preconditioned`` (SOAP): hidden lr."""
+manages keep its own shape scaling); ``sign`` (Lion), ``preconditioned`` (SOAP, REKLS, PSGD) and
+``riemannian`` (the oblique optimizers, whose matrices stay on unit spheres): hidden lr."""
 ParamGroups = list[dict[str, Any]]
 StateBytes = Callable[[tuple[int, ...], Mapping[str, Any], torch.dtype], int]
 """Bytes of the state tensors one param of this shape gets by its first step, given the group's
@@ -720,5 +721,163 @@ register(
             "adjust_lr_fn": c["torch_muon_adjust_lr_fn"],
         },  # fmt: skip
         build=lambda groups, _: torch.optim.Muon(groups),
+    )
+)
+
+
+# ---- SOAP's and PSGD's relatives, and the oblique (unit-norm) optimizers: emerging-optimizers 0.3.0 ----
+
+_MATRIX_ONLY = "2-D only"
+"""What these upstream classes take: one 2-D matrix per param (their factors, or their unit-norm
+slices, are per matrix). Expert stacks and conv filters go to ``muon_scalar_optimizer``."""
+
+
+def _build_rekls(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    _refuse_dtensors(groups, "rekls")
+    return _emerging.rekls(groups)
+
+
+register(
+    _matrix_only(
+        name="rekls",
+        description="REKLS: SOAP with KL-Shampoo factors, eigh every step (emerging-optimizers); rest -> muon_scalar_optimizer",
+        source="emerging-optimizers",
+        family="preconditioned",
+        update_cost=soap_cost,  # SOAP's arithmetic, with a full eigh every step
+        shapes=_MATRIX_ONLY,
+        state_bytes=_soap_state_bytes,
+        place=_place_soap,
+        config_fields=(
+            "rekls_beta1", "rekls_beta2", "rekls_eps", "rekls_shampoo_beta",
+            "muon_scalar_optimizer", "muon_scalar_lr", "muon_input_layers",
+        ),  # fmt: skip
+        instance_fields=(),
+        group_options=lambda c: {
+            "betas": (c["rekls_beta1"], c["rekls_beta2"]), "eps": c["rekls_eps"], "shampoo_beta": c["rekls_shampoo_beta"],
+        },  # fmt: skip
+        build=_build_rekls,
+        verified_step=True,  # SOAP's: its eigendecompositions of G·Gᵀ overflow float32 for finite grads ~1e16
+    )
+)
+
+
+def _refuse_16_bit(groups: ParamGroups, name: str, why: str) -> None:
+    """Raise for float16/bfloat16 params an upstream class cannot step (the wrapper's main params are float32)."""
+    for group_index, group in enumerate(groups):
+        names = group.get("param_names")
+        for param_index, param in enumerate(group["params"]):
+            if param.dtype in (torch.float16, torch.bfloat16):
+                where = f"`{names[param_index]}`" if names else f"param group #{group_index}, param #{param_index}"
+                raise ValueError(
+                    f"{where}: {name} steps float32 or float64 params ({why}); got a {param.dtype} param; "
+                    "expected bf16=True or fp16=True (float32 main params), or a float32 model"
+                )
+
+
+def _build_psgd_pro(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    _refuse_dtensors(groups, "psgd_pro")
+    _refuse_complex(groups, "psgd_pro", "its preconditioner fit takes real gradient covariances")
+    _refuse_16_bit(groups, "psgd_pro", "upstream's Kronecker factors are float32 and its contractions need one dtype")
+    return _emerging.psgd_pro(
+        groups, precond_init_scale=instance["psgd_pro_precond_init_scale"], damping_noise_scale=instance["psgd_pro_damping_noise_scale"],
+        warmup_steps=instance["psgd_pro_warmup_steps"], max_update_rms=instance["psgd_pro_max_update_rms"],
+    )  # fmt: skip
+
+
+def _psgd_pro_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dtype: torch.dtype) -> int:
+    """Momentum in the param's dtype; per side of the matrix a square Kronecker factor and a 0-d
+    Lipschitz constant, float32 (float64 for a float64 param)."""
+    rows, cols = shape
+    factor = _itemsize(_float32_or_wider(dtype))
+    return math.prod(shape) * _itemsize(dtype) + factor * (rows * rows + cols * cols + 2)
+
+
+def psgd_pro_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
+    """Per step: the preconditioner applied twice (``Qᵀ Q`` on both sides: ``~8·m·n·(m + n)``), the
+    two gradient covariances (``~2·m·n·(m + n)``), and per side its update and Procrustes step
+    (``~6·d³``) with the subspace-iteration norm bounds (``~512·d²``)."""
+    if len(shape) != 2:
+        return elementwise_cost(shape, fields)
+    rows, cols = shape
+    return float(6 * (rows**3 + cols**3) + 10 * rows * cols * (rows + cols) + 512 * (rows**2 + cols**2))
+
+
+register(
+    _matrix_only(
+        name="psgd_pro",
+        description="PSGD-Kron-Whiten with a Procrustes step (Li, 2015/2024; emerging-optimizers); rest -> muon_scalar_optimizer",
+        source="emerging-optimizers",
+        family="preconditioned",
+        update_cost=psgd_pro_cost,
+        shapes=_MATRIX_ONLY,
+        state_bytes=_psgd_pro_state_bytes,
+        place=_place_soap,
+        config_fields=(
+            "psgd_pro_momentum", "psgd_pro_beta_lip", "psgd_pro_precond_lr", "psgd_pro_min_precond_lr",
+            "psgd_pro_precond_init_scale", "psgd_pro_damping_noise_scale", "psgd_pro_warmup_steps", "psgd_pro_max_update_rms",
+            "muon_scalar_optimizer", "muon_scalar_lr", "muon_input_layers",
+        ),  # fmt: skip
+        instance_fields=("psgd_pro_precond_init_scale", "psgd_pro_damping_noise_scale", "psgd_pro_warmup_steps", "psgd_pro_max_update_rms"),
+        group_options=lambda c: {
+            "momentum": c["psgd_pro_momentum"], "beta_lip": c["psgd_pro_beta_lip"],
+            "precond_lr": c["psgd_pro_precond_lr"], "min_precond_lr": c["psgd_pro_min_precond_lr"],
+        },  # fmt: skip
+        build=_build_psgd_pro,
+        # Nothing bounds the factors it fits (a step of precond_lr / L with L from random-subspace norm
+        # estimates, then a Procrustes rotation sized from traces): a non-finite result from finite
+        # grads is not ruled out, so it is checked; a copy of O(m² + n²) state next to an O(m³ + n³) step.
+        verified_step=True,
+    )
+)
+
+
+def _build_oblique(name: str, build: Callable[[ParamGroups], torch.optim.Optimizer]) -> Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer]:
+    def build_checked(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+        _refuse_dtensors(groups, name)
+        _refuse_complex(groups, name, "its retraction normalises real rows or columns")
+        return build(groups)
+
+    return build_checked
+
+
+register(
+    _matrix_only(
+        name="oblique_sgd",
+        description="Oblique SGD: Riemannian SGD with unit-norm rows/columns (emerging-optimizers); rest -> muon_scalar_optimizer",
+        source="emerging-optimizers",
+        family="riemannian",
+        update_cost=elementwise_cost,  # a projection and a normalisation: a few flops per element
+        shapes=_MATRIX_ONLY,
+        state_bytes=per_element_state(1),
+        place=_place_soap,
+        config_fields=(
+            "oblique_sgd_momentum", "oblique_sgd_dim", "oblique_sgd_eps", "muon_scalar_optimizer", "muon_scalar_lr", "muon_input_layers",
+        ),  # fmt: skip
+        instance_fields=(),
+        group_options=lambda c: {"momentum": c["oblique_sgd_momentum"], "dim": c["oblique_sgd_dim"], "eps": c["oblique_sgd_eps"]},
+        build=_build_oblique("oblique_sgd", _emerging.oblique_sgd),
+    )
+)
+
+register(
+    _matrix_only(
+        name="oblique_adam",
+        description="Oblique Adam: Adam's step on unit-norm rows/columns (emerging-optimizers); rest -> muon_scalar_optimizer",
+        source="emerging-optimizers",
+        family="riemannian",
+        update_cost=elementwise_cost,
+        shapes=_MATRIX_ONLY,
+        state_bytes=per_element_state(2),  # exp_avg and exp_avg_sq; upstream's step is a Python int
+        place=_place_soap,
+        config_fields=(
+            "oblique_adam_beta1", "oblique_adam_beta2", "oblique_adam_dim", "oblique_adam_eps", "oblique_adam_correct_bias",
+            "muon_scalar_optimizer", "muon_scalar_lr", "muon_input_layers",
+        ),  # fmt: skip
+        instance_fields=(),
+        group_options=lambda c: {
+            "betas": (c["oblique_adam_beta1"], c["oblique_adam_beta2"]), "dim": c["oblique_adam_dim"],
+            "eps": c["oblique_adam_eps"], "correct_bias": c["oblique_adam_correct_bias"],
+        },  # fmt: skip
+        build=_build_oblique("oblique_adam", _emerging.oblique_adam),
     )
 )

@@ -65,6 +65,11 @@ GROUP_FIELDS: tuple[str, ...] = (
     "muon_scalar_optimizer", "muon_scalar_lr", "muon_flatten_conv", "muon_input_layers",
     "lion_beta1", "lion_beta2",
     "laprop_beta1", "laprop_beta2", "laprop_eps", "laprop_correct_bias",
+    "rekls_beta1", "rekls_beta2", "rekls_eps", "rekls_shampoo_beta",
+    "psgd_pro_momentum", "psgd_pro_beta_lip", "psgd_pro_precond_lr", "psgd_pro_min_precond_lr", "psgd_pro_precond_init_scale",
+    "psgd_pro_damping_noise_scale", "psgd_pro_warmup_steps", "psgd_pro_max_update_rms",
+    "oblique_sgd_momentum", "oblique_sgd_dim", "oblique_sgd_eps",
+    "oblique_adam_beta1", "oblique_adam_beta2", "oblique_adam_dim", "oblique_adam_eps", "oblique_adam_correct_bias",
     "soap_shampoo_beta", "soap_precondition_frequency", "soap_use_kl_shampoo",
     "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps",
     "mop_scale_mode", "scion_spectral_radius", "muon_hyperball_eps", "muon_hyperball_radius",
@@ -373,6 +378,51 @@ class OptimizerConfig:
     """Adafactor's ``eps[1]``, the floor of the param RMS the step size scales with."""
     adafactor_d: float = 1.0
     """Adafactor's clipping threshold ``d`` (>= 1) on the update's RMS."""
+    # ---- REKLS ------------------------------------------------------------------------------
+    rekls_beta1: float = 0.9
+    """REKLS's inner Adam momentum decay; upstream's ``betas[0]``."""
+    rekls_beta2: float = 0.95
+    """REKLS's inner Adam second-moment decay; upstream's ``betas[1]``."""
+    rekls_eps: float = 1e-8
+    """REKLS's inner Adam epsilon, also the floor of its KL-Shampoo eigenvalues; must be > 0."""
+    rekls_shampoo_beta: float = 0.95
+    """Decay of REKLS's Kronecker factors."""
+
+    # ---- PSGD (PSGD-Kron-Whiten with a Procrustes step) ---------------------------------------
+    psgd_pro_momentum: float = 0.9
+    """Decay of PSGD's gradient moving average (the momentum it preconditions)."""
+    psgd_pro_beta_lip: float = 0.9
+    """Decay of PSGD's moving Lipschitz constants (one per Kronecker factor)."""
+    psgd_pro_precond_lr: float = 0.1
+    """PSGD's preconditioner learning rate, before its schedule."""
+    psgd_pro_min_precond_lr: float = 0.01
+    """Floor of PSGD's preconditioner learning rate schedule."""
+    psgd_pro_precond_init_scale: float = 1.0
+    """Scale of PSGD's initial Kronecker factors (identity times it)."""
+    psgd_pro_damping_noise_scale: float = 0.1
+    """Scale of the Gaussian noise PSGD adds to the momentum it fits its preconditioner on."""
+    psgd_pro_warmup_steps: int = 10000
+    """Steps of PSGD's preconditioner learning rate schedule ``precond_lr / sqrt(1 + step / warmup_steps)``."""
+    psgd_pro_max_update_rms: float = 0.0
+    """Clip PSGD's update RMS to this (0: no clipping)."""
+
+    # ---- Oblique (unit-norm rows or columns) -------------------------------------------------
+    oblique_sgd_momentum: float = 0.9
+    """Oblique SGD's momentum (``buf = grad + momentum * buf``)."""
+    oblique_sgd_dim: int = 0
+    """The dimension Oblique SGD normalises over: 0 keeps each column at unit norm, 1 each row."""
+    oblique_sgd_eps: float = 1e-8
+    """Floor of the norm Oblique SGD divides by in its retraction; must be > 0."""
+    oblique_adam_beta1: float = 0.9
+    """Oblique Adam's first-moment decay; upstream's ``betas[0]``."""
+    oblique_adam_beta2: float = 0.99
+    """Oblique Adam's second-moment decay; upstream's ``betas[1]``."""
+    oblique_adam_dim: int = 0
+    """The dimension Oblique Adam normalises over: 0 keeps each column at unit norm, 1 each row."""
+    oblique_adam_eps: float = 1e-8
+    """Oblique Adam's denominator epsilon and retraction norm floor; must be > 0."""
+    oblique_adam_correct_bias: bool = True
+    """Adam-style bias correction of Oblique Adam's moments."""
 
     # ---- Distributed optimizer --------------------------------------------------------------
     use_distributed_optimizer: bool = False
@@ -496,6 +546,8 @@ class OptimizerConfig:
         for field in (
             "adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum", "torch_muon_momentum", "lion_beta1",
             "lion_beta2", "laprop_beta1", "laprop_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
+            "rekls_beta1", "rekls_beta2", "rekls_shampoo_beta", "psgd_pro_momentum", "psgd_pro_beta_lip",
+            "oblique_sgd_momentum", "oblique_adam_beta1", "oblique_adam_beta2",
         ):  # fmt: skip
             value = getattr(self, field)
             if not 0.0 <= value < 1.0:
@@ -511,7 +563,7 @@ class OptimizerConfig:
         threshold = self.grad_norm_skip_threshold
         if not (finite_number(threshold) or threshold == math.inf) or not threshold > 0.0:
             raise _fail("grad_norm_skip_threshold", "must be a finite number > 0, or inf", threshold, "a number > 0, or inf to never skip")
-        for field in ("adam_eps", "laprop_eps"):  # 0 turns a zero gradient element into 0/0
+        for field in ("adam_eps", "laprop_eps", "rekls_eps", "oblique_sgd_eps", "oblique_adam_eps"):  # 0: 0/0 on a zero element or row
             if not getattr(self, field) > 0.0:
                 raise _fail(field, "must be positive", getattr(self, field), "a float > 0")
         for field in (
@@ -521,6 +573,7 @@ class OptimizerConfig:
             value = getattr(self, field)
             if value is not None and not (finite_number(value) and value > 0.0):
                 raise _fail(field, "must be positive and finite", value, "a finite float > 0" + (" or None" if field == "muon_hyperball_radius" else ""))
+        self._check_psgd_and_oblique_ranges()
         for low, high in (("min_lr", "lr"), ("decoupled_min_lr", "decoupled_lr")):
             floor, peak = getattr(self, low), getattr(self, high)
             if floor is not None and peak is not None and floor > peak:  # the schedule would anneal up
@@ -529,7 +582,10 @@ class OptimizerConfig:
             raise _fail("adafactor_beta2_decay", "must not be positive", self.adafactor_beta2_decay, "a float <= 0")
         if not (finite_number(self.adafactor_d) and self.adafactor_d >= 1.0):
             raise _fail("adafactor_d", "must be a finite number >= 1", self.adafactor_d, "a float >= 1")
-        for field in ("muon_num_ns_steps", "soap_precondition_frequency", "hysteresis", "sinkhorn_muon_num_iters", "torch_muon_ns_steps"):
+        for field in (
+            "muon_num_ns_steps", "soap_precondition_frequency", "hysteresis", "sinkhorn_muon_num_iters", "torch_muon_ns_steps",
+            "psgd_pro_warmup_steps",
+        ):  # fmt: skip
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(field, "must be a positive integer", value, "an int >= 1")
@@ -555,6 +611,17 @@ class OptimizerConfig:
             )  # fmt: skip
         if not (self.loss_scale_window >= 1 and float(self.loss_scale_window).is_integer()):
             raise _fail("loss_scale_window", "must be a whole number of steps, at least 1", self.loss_scale_window, "an integer >= 1")
+
+    def _check_psgd_and_oblique_ranges(self) -> None:
+        for field in ("psgd_pro_precond_lr", "psgd_pro_precond_init_scale"):  # 0 would freeze or zero the preconditioner
+            if not getattr(self, field) > 0.0:
+                raise _fail(field, "must be positive", getattr(self, field), "a float > 0")
+        for field in ("psgd_pro_min_precond_lr", "psgd_pro_damping_noise_scale", "psgd_pro_max_update_rms"):
+            if not getattr(self, field) >= 0.0:
+                raise _fail(field, "must be non-negative", getattr(self, field), "a float >= 0")
+        for field in ("oblique_sgd_dim", "oblique_adam_dim"):  # the oblique optimizers take 2-D params
+            if getattr(self, field) not in (0, 1):
+                raise _fail(field, "must be 0 or 1", getattr(self, field), "0 (unit-norm columns) or 1 (unit-norm rows)")
 
     def _check_paths(self) -> None:
         directory = self.config_logger_dir

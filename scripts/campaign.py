@@ -186,9 +186,15 @@ FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(
 RANGES: dict[str, Callable[[float], bool]] = {
     **{f: (lambda v: 0 <= v < 1) for f in ("adam_beta1", "adam_beta2", "sgd_momentum", "muon_momentum",
                                             "lion_beta1", "lion_beta2", "soap_shampoo_beta", "adaptive_muon_beta2",
-                                            "laprop_beta1", "laprop_beta2")},
+                                            "laprop_beta1", "laprop_beta2", "rekls_beta1", "rekls_beta2", "rekls_shampoo_beta",
+                                            "psgd_pro_momentum", "psgd_pro_beta_lip", "oblique_sgd_momentum",
+                                            "oblique_adam_beta1", "oblique_adam_beta2")},
     **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr", "muon_scalar_lr")},
     "adam_eps": lambda v: v > 0, "laprop_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
+    **{f: (lambda v: v > 0) for f in ("rekls_eps", "oblique_sgd_eps", "oblique_adam_eps", "psgd_pro_precond_lr", "psgd_pro_precond_init_scale")},
+    **{f: (lambda v: v >= 0) for f in ("psgd_pro_min_precond_lr", "psgd_pro_damping_noise_scale", "psgd_pro_max_update_rms")},
+    "psgd_pro_warmup_steps": lambda v: v >= 1,  # an int (checked by kind)
+    **{f: (lambda v: v in (0, 1)) for f in ("oblique_sgd_dim", "oblique_adam_dim")},
     "grad_norm_skip_threshold": lambda v: v > 0,  # inf: never skip
     "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
     "min_loss_scale": lambda v: FP32_TINY <= v <= min(FP32_MAX, 2.0**32),  # and <= initial_loss_scale
@@ -221,8 +227,8 @@ def expected_valid(field: dataclasses.Field[Any], value: Any) -> bool | None:
         if value is None:
             return kind == "float | None"
         return is_number(value) and RANGES[field.name](value)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if kind == "int":  # counts (>= 1) unless RANGES says otherwise (a dim: 0 or 1)
+        return isinstance(value, int) and not isinstance(value, bool) and RANGES.get(field.name, lambda v: v >= 1)(value)
     if kind in ("str", "str | None"):
         if field.name == "fp8_recipe":
             return value is None

@@ -143,11 +143,14 @@ def snapshot(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> Snapshot
 
 
 def tensors_of(opt: torch.optim.Optimizer, snapshot: Snapshot) -> list[torch.Tensor]:
-    """The floating tensors a step wrote: the params in ``snapshot`` and their state."""
+    """The floating tensors a step wrote: the params in ``snapshot`` and their state, the tensors
+    of state lists included (PSGD keeps its Kronecker factors in one)."""
     found = []
     for p, _, _, _ in snapshot:
         found.append(p.detach())
-        found += [v for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        for value in opt.state.get(p, {}).values():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            found += [v for v in items if isinstance(v, torch.Tensor) and v.is_floating_point()]
     return found
 
 

@@ -231,6 +231,10 @@ ZOO = {
     "lion": ({"optimizer": "lion", "lr": 1e-3, "weight_decay": 0.1}, {}),
     "soap": ({"optimizer": "soap", "lr": 1e-2, **NOISE_TOLERANT}, ROUNDING),
     "adaptive_muon": ({"optimizer": "adaptive_muon", "lr": 1e-2, **NOISE_TOLERANT}, ROUNDING),
+    "rekls": ({"optimizer": "rekls", "lr": 1e-2, **NOISE_TOLERANT}, ROUNDING),
+    "psgd_pro": ({"optimizer": "psgd_pro", "lr": 1e-2, "weight_decay": 0.1}, {}),  # its noise is seeded by param name and step
+    "oblique_sgd": ({"optimizer": "oblique_sgd", "lr": 1e-2, "weight_decay": 0.1}, {}),
+    "oblique_adam": ({"optimizer": "oblique_adam", "lr": 1e-2, "oblique_adam_dim": 1}, {}),
     "adam bf16": ({**ADAM, "bf16": True}, {}),
     "adam precision-aware": ({**ADAM, "bf16": True, "use_precision_aware_optimizer": True, "exp_avg_dtype": torch.bfloat16}, {}),
 }

@@ -94,8 +94,13 @@ def _train(model: GPT, config: OptimizerConfig, rows: slice) -> Run:
     return [(g["optimizer"], list(g["param_names"])) for g in opt.param_groups], norms, params
 
 
+REFUSE_DTENSORS = ("soap", "rekls", "psgd_pro", "oblique_sgd", "oblique_adam")
+"""Upstream classes that precondition or normalise the tensor they are given: a shard's factors or
+norms are not the matrix's, so each refuses FSDP2's DTensor params by name."""
+
+
 def _fsdp_runs(rank: int, world_size: int) -> dict[str, Any]:
-    """Every config trained under FSDP2 on this rank's share of each batch, and SOAP's error."""
+    """Every config trained under FSDP2 on this rank's share of each batch, and the refusals of ``REFUSE_DTENSORS``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
@@ -105,12 +110,13 @@ def _fsdp_runs(rank: int, world_size: int) -> dict[str, Any]:
         model = _model()
         _fully_shard(model, mesh)
         out[name] = _train(model, config, slice(rank * share, (rank + 1) * share))
-    model = _model()
-    _fully_shard(model, mesh)
-    try:
-        get_optimizer(BASE.replace(optimizer="soap"), model)
-    except ValueError as error:
-        out["soap"] = str(error)
+    for refusing in REFUSE_DTENSORS:
+        model = _model()
+        _fully_shard(model, mesh)
+        try:
+            get_optimizer(BASE.replace(optimizer=refusing), model)
+        except ValueError as error:
+            out[refusing] = str(error)
     return out
 
 
@@ -155,13 +161,14 @@ def test_fsdp2_matches_one_process(name: str, fsdp: list[dict[str, Any]], single
             )  # fmt: skip
 
 
-def test_soap_refuses_dtensor_params(fsdp: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("name", REFUSE_DTENSORS)
+def test_whole_matrix_preconditioners_refuse_dtensor_params(name: str, fsdp: list[dict[str, Any]]) -> None:
     expected = (
-        r"`decoder\.layers\.0\.self_attention\.linear_qkv\.weight`: soap needs whole matrices .*; "
+        rf"`decoder\.layers\.0\.self_attention\.linear_qkv\.weight`: {name} needs whole matrices .*; "
         r"got a DTensor of shape \(48, 16\) with placements \(Shard\(dim=0\),\); expected a plain tensor"
     )
     for result in fsdp:
-        assert re.fullmatch(expected + ".*", result["soap"]), result["soap"]
+        assert re.fullmatch(expected + ".*", result[name]), result.get(name)
 
 
 # ---- the optimizers alone, on uneven shards ---------------------------------------------------

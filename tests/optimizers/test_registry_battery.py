@@ -15,6 +15,7 @@ NAMES = registered_names()
 LR = {
     "adam": 0.05, "sgd": 0.05, "lion": 0.03, "laprop": 0.05, "soap": 0.05, "muon": 0.02, "adaptive_muon": 0.02,
     "scion": 0.05, "spel": 0.05, "muon_hyperball": 0.05, "sinkhorn_muon": 0.05, "torch_muon": 0.05, "adafactor": 0.05,
+    "rekls": 0.05, "psgd_pro": 0.02, "oblique_sgd": 0.05, "oblique_adam": 0.05,
 }  # fmt: skip
 
 
@@ -42,13 +43,18 @@ def _on_the_set(name: str, weight: torch.Tensor, target: torch.Tensor) -> tuple[
 
 
 class Quadratic(torch.nn.Module):
-    """0.5 * ||A x - b||^2 over a 5x7 matrix and a bias: a convex problem every optimizer solves."""
+    """0.5 * ||A x - b||^2 over a 5x7 matrix and a bias: a convex problem every optimizer solves.
 
-    def __init__(self) -> None:
+    With ``unit_dim`` the matrix's target has unit-norm slices along that dim: an optimizer that
+    keeps its matrices there (the ``riemannian`` family: oblique SGD and Adam) can reach it."""
+
+    def __init__(self, unit_dim: int | None = None) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(5, 7))
         self.bias = torch.nn.Parameter(torch.zeros(5))
         self.target_w = torch.randn(5, 7)
+        if unit_dim is not None:
+            self.target_w /= self.target_w.norm(dim=unit_dim, keepdim=True)
         self.target_b = torch.randn(5)
 
     def loss(self) -> torch.Tensor:
@@ -70,13 +76,15 @@ def test_every_name_has_a_spec_with_a_description_and_known_fields() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converges_on_a_quadratic(name: str) -> None:
-    model = Quadratic()
+    config = _config(name)
+    unit_dim = getattr(config, f"{name}_dim") if get_spec(name).family == "riemannian" else None
+    model = Quadratic(unit_dim)
     if get_spec(name).constraint:  # it reaches a target on its set, from a start on it
         start, model.target_w = _on_the_set(name, model.weight.detach(), model.target_w)
         model.weight.data.copy_(start)
     if name == "adafactor":  # its step is lr times RMS(param) (Shazeer & Stern, 2018): zero weights barely move
         model.weight.data.normal_()
-    opt = get_optimizer(_config(name), model, {})
+    opt = get_optimizer(config, model, {})
     start = model.loss().item()
     for _ in range(200):
         opt.zero_grad()

@@ -30,7 +30,17 @@ def _moe() -> torch.nn.Module:
 
 
 def _measured(state: dict[str, object]) -> int:
-    return sum(value.nbytes for value in state.values() if isinstance(value, torch.Tensor))
+    """The bytes of every tensor in one param's state, those in lists included (PSGD keeps a list
+    of Kronecker factors per param)."""
+
+    def nbytes(value: object) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.nbytes
+        if isinstance(value, (list, tuple)):
+            return sum(nbytes(item) for item in value)
+        return 0
+
+    return sum(nbytes(value) for value in state.values())
 
 
 @pytest.mark.parametrize("model_factory", [_gpt, _moe], ids=["gpt", "qwen3_moe"])

@@ -62,6 +62,8 @@ class OptzooOptimizerInfo:
     error_inputs: Callable[[], list[ErrorOptimizerInput]] = list
     wrapper: bool = False
     """Built by ``get_optimizer``: Megatron's step result and optzoo's name-keyed state dicts."""
+    algorithm: str | None = None
+    """The registered name a wrapper row builds (its registry record holds the algorithm's facts)."""
     matrices_only: bool = False
     """Takes 2-D and larger params only (the Muon classes)."""
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
@@ -116,6 +118,28 @@ _WRAPPER_INPUTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("no bias correction", {"laprop_correct_bias": False}),
     ],
     "soap": [("nonzero weight_decay", {"weight_decay": 0.1}), ("kl-shampoo", {"soap_use_kl_shampoo": True})],
+    "rekls": [
+        ("nonzero weight_decay", {"weight_decay": 0.1}),
+        ("betas, eps and shampoo beta", {"rekls_beta1": 0.8, "rekls_beta2": 0.9, "rekls_eps": 1e-6, "rekls_shampoo_beta": 0.9}),
+    ],
+    "psgd_pro": [
+        ("nonzero weight_decay", {"weight_decay": 0.1}),
+        ("clipped update rms", {"psgd_pro_max_update_rms": 0.5}),
+        (
+            "preconditioner settings",
+            {"psgd_pro_precond_lr": 0.2, "psgd_pro_precond_init_scale": 0.5, "psgd_pro_damping_noise_scale": 0.01, "psgd_pro_beta_lip": 0.5},
+        ),
+    ],
+    "oblique_sgd": [
+        ("nonzero weight_decay", {"weight_decay": 0.1}),
+        ("unit rows", {"oblique_sgd_dim": 1}),
+        ("no momentum", {"oblique_sgd_momentum": 0.0}),
+    ],
+    "oblique_adam": [
+        ("nonzero weight_decay", {"weight_decay": 0.1}),
+        ("unit rows, no bias correction", {"oblique_adam_dim": 1, "oblique_adam_correct_bias": False}),
+        ("betas and eps", {"oblique_adam_beta1": 0.8, "oblique_adam_beta2": 0.95, "oblique_adam_eps": 1e-6}),
+    ],
     "muon": [
         ("nonzero weight_decay", {"weight_decay": 0.1}),
         ("nesterov", {"muon_nesterov": True, "muon_momentum": 0.9}),
@@ -140,6 +164,12 @@ _ALGORITHM_ERRORS: dict[str, list[tuple[str, dict[str, Any], type[Exception], st
     "adam": [("beta1 of 1", {"adam_beta1": 1.0}, ValueError, r"`OptimizerConfig.adam_beta1`: must lie in \[0, 1\); got 1.0")],
     "sgd": [("momentum of 1", {"sgd_momentum": 1.0}, ValueError, r"`OptimizerConfig.sgd_momentum`: must lie in \[0, 1\); got 1.0")],
     "laprop": [("eps of 0", {"laprop_eps": 0.0}, ValueError, r"`OptimizerConfig.laprop_eps`: must be positive; got 0.0")],
+    "rekls": [("eps of 0", {"rekls_eps": 0.0}, ValueError, r"`OptimizerConfig.rekls_eps`: must be positive; got 0.0")],
+    "psgd_pro": [
+        ("warmup of 0", {"psgd_pro_warmup_steps": 0}, ValueError, r"`OptimizerConfig.psgd_pro_warmup_steps`: must be a positive integer; got 0"),
+    ],
+    "oblique_sgd": [("dim of 2", {"oblique_sgd_dim": 2}, ValueError, r"`OptimizerConfig.oblique_sgd_dim`: must be 0 or 1; got 2")],
+    "oblique_adam": [("beta2 of 1", {"oblique_adam_beta2": 1.0}, ValueError, r"`OptimizerConfig.oblique_adam_beta2`: must lie in \[0, 1\); got 1.0")],
     "muon": [
         ("momentum of 1", {"muon_momentum": 1.0}, ValueError, r"`OptimizerConfig.muon_momentum`: must lie in \[0, 1\); got 1.0"),
         ("bad coefficients", {"muon_coefficient_type": "cubic"}, ValueError, r"Unsupported muon coefficient type 'cubic'"),
@@ -157,6 +187,7 @@ def _wrapper_row(name: str) -> OptzooOptimizerInfo:
         optim_inputs=_inputs(*rows, ("bf16 params, fp32 mains", {"bf16": True})),
         error_inputs=_errors(*_CONFIG_ERRORS, *_ALGORITHM_ERRORS.get(name, [])),
         wrapper=True,
+        algorithm=name,
         dtypes=(torch.float32,),
         constrained=bool(get_spec(name).constraint),
     )

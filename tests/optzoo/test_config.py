@@ -57,6 +57,14 @@ OPTZOO_EXTENSIONS = {
     # torch's own Muon and Adafactor, named the same way, torch's defaults
     "torch_muon_momentum": 0.95, "torch_muon_nesterov": True, "torch_muon_ns_steps": 5, "torch_muon_adjust_lr_fn": None,
     "adafactor_beta2_decay": -0.8, "adafactor_eps1": None, "adafactor_eps2": 1e-3, "adafactor_d": 1.0,
+    # issue 26: REKLS, PSGD-Pro and the oblique optimizers; defaults are upstream 0.3.0's signatures'
+    "rekls_beta1": 0.9, "rekls_beta2": 0.95, "rekls_eps": 1e-8, "rekls_shampoo_beta": 0.95,
+    "psgd_pro_momentum": 0.9, "psgd_pro_beta_lip": 0.9, "psgd_pro_precond_lr": 0.1, "psgd_pro_min_precond_lr": 0.01,
+    "psgd_pro_precond_init_scale": 1.0, "psgd_pro_damping_noise_scale": 0.1, "psgd_pro_warmup_steps": 10000,
+    "psgd_pro_max_update_rms": 0.0,
+    "oblique_sgd_momentum": 0.9, "oblique_sgd_dim": 0, "oblique_sgd_eps": 1e-8,
+    "oblique_adam_beta1": 0.9, "oblique_adam_beta2": 0.99, "oblique_adam_dim": 0, "oblique_adam_eps": 1e-8,
+    "oblique_adam_correct_bias": True,
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.testing._internal.common_optimizers import OptimizerInput
 
+from optzoo.optimizers.registry import get_spec
 from tests.optzoo.optim_db import OptzooOptimizerInfo
 from tests.optzoo.test_torch_contract import CASES, assert_bitwise, build, params_for, targets_for, train, values
 
@@ -42,19 +43,21 @@ def _layout_params(row: OptzooOptimizerInfo, inp: OptimizerInput, layout: str) -
 
 def _reduces_over_params(row: OptzooOptimizerInfo, inp: OptimizerInput) -> bool:
     """Whether the update sums over a param's elements (a clip norm, SOAP's factors, NorMuon's and
-    NAMO's norms, torch's Adafactor's RMS and factors): such sums run in storage order, so another
-    layout rounds them differently."""
+    NAMO's norms, torch's Adafactor's RMS and factors, PSGD's Kronecker contractions, the oblique
+    optimizers' per-slice norms): such sums run in storage order, so another layout rounds them differently."""
     kwargs = inp.kwargs
     method = kwargs.get("moment2_method", kwargs.get("adaptive_muon_moment2_method"))
-    return bool(kwargs.get("clip_grad")) or method in ("normuon", "namo") or row.name == "get_optimizer[adafactor]"
+    spec = get_spec(row.algorithm) if row.algorithm is not None else None
+    matrix_preconditioner = spec is not None and not spec.elementwise and spec.family in ("preconditioned", "riemannian")
+    return bool(kwargs.get("clip_grad")) or method in ("normuon", "namo") or matrix_preconditioner or row.algorithm == "adafactor"
 
 
 def _permuted_layout_comparable(row: OptzooOptimizerInfo) -> bool:
     """SOAP's first steps are Adam in the gradient's singular basis, where the off-diagonal entries
     are rounding noise whose sign decides a ±lr update: any change of rounding (a transposed
-    matmul) moves the weights by ~lr, on contiguous params too. Params with gaps are still
-    compared: they are stepped through a dense copy, bit for bit."""
-    return "soap" not in row.name
+    matmul) moves the weights by ~lr, on contiguous params too; REKLS is SOAP with another factor
+    update. Params with gaps are still compared: they are stepped through a dense copy, bit for bit."""
+    return row.algorithm not in ("soap", "rekls") and "soap" not in row.name
 
 
 LAYOUT_CASES = [

@@ -1,4 +1,4 @@
-"""Muon, Adaptive Muon and SOAP inside the precision wrapper, and the inf/NaN skip around them."""
+"""The matrix algorithms (Muon, Adaptive Muon, SOAP, REKLS, PSGD-Pro, the oblique ones) inside the precision wrapper, and the inf/NaN skip around them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from optzoo import OptimizerConfig, get_optimizer
 from tests.conftest import tiny_gpt, tokens
 
-NAMES = ["muon", "adaptive_muon", "soap"]
+NAMES = ["muon", "adaptive_muon", "soap", "rekls", "psgd_pro", "oblique_sgd", "oblique_adam"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -128,7 +128,7 @@ def test_item3_a_step_inside_autocast_is_the_step_outside_bit_for_bit(optimizer_
     assert _same(inside_state, outside_state)
 
 
-@pytest.mark.parametrize("optimizer_name", ["muon", "adaptive_muon", "soap", "lion"])
+@pytest.mark.parametrize("optimizer_name", ["muon", "adaptive_muon", "soap", "lion", "rekls", "psgd_pro", "oblique_sgd", "oblique_adam"])
 def test_item3_the_algorithm_classes_alone_step_as_outside_autocast(optimizer_name: str) -> None:
     """The optimizers/ classes keep the rule on their own (used without the wrapper)."""
     from optzoo.optimizers import _emerging
@@ -140,6 +140,12 @@ def test_item3_the_algorithm_classes_alone_step_as_outside_autocast(optimizer_na
         "adaptive_muon": lambda ps: AdaptiveMuon(ps, lr=0.01),
         "soap": lambda ps: _emerging.soap([{"params": ps, "lr": 0.01, "weight_decay": 0.0, "betas": (0.9, 0.95), "eps": 1e-8, "shampoo_beta": 0.95}], use_kl_shampoo=False),
         "lion": lambda ps: _emerging.lion([{"params": ps, "lr": 0.01, "weight_decay": 0.0}]),
+        "rekls": lambda ps: _emerging.rekls([{"params": ps, "lr": 0.01, "weight_decay": 0.0, "betas": (0.9, 0.95), "eps": 1e-8, "shampoo_beta": 0.95}]),
+        "psgd_pro": lambda ps: _emerging.psgd_pro(
+            [{"params": ps, "lr": 0.01, "weight_decay": 0.0}], precond_init_scale=1.0, damping_noise_scale=0.1, warmup_steps=10, max_update_rms=0.0
+        ),
+        "oblique_sgd": lambda ps: _emerging.oblique_sgd([{"params": ps, "lr": 0.01, "weight_decay": 0.0}]),
+        "oblique_adam": lambda ps: _emerging.oblique_adam([{"params": ps, "lr": 0.01, "weight_decay": 0.0}]),
     }[optimizer_name]
     results = []
     for autocast in (True, False):
