@@ -180,6 +180,7 @@ CHOICES = {
     "muon_coefficient_type": get_args(MuonCoefficientType), "muon_tp_mode": get_args(MuonTPMode),
     "adaptive_muon_moment2_method": get_args(AdaptiveMuonMoment2Method),
     "muon_fsdp_orthogonalize": get_args(MuonFsdpOrthogonalize),
+    "mop_scale_mode": (*get_args(MuonScaleMode), "nuclear_norm"),
 }  # fmt: skip
 FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)
 RANGES: dict[str, Callable[[float], bool]] = {
@@ -188,6 +189,8 @@ RANGES: dict[str, Callable[[float], bool]] = {
                                             "laprop_beta1", "laprop_beta2")},
     **{f: (lambda v: v >= 0) for f in ("weight_decay", "clip_grad", "adaptive_muon_eps", "lr", "min_lr", "decoupled_lr", "muon_scalar_lr")},
     "adam_eps": lambda v: v > 0, "laprop_eps": lambda v: v > 0, "muon_extra_scale_factor": lambda v: v > 0,
+    **{f: (lambda v: v > 0) for f in ("scion_spectral_radius", "muon_hyperball_eps", "muon_hyperball_radius",
+                                       "sinkhorn_muon_eps", "sinkhorn_muon_doubly_stochastic_tolerance")},
     "grad_norm_skip_threshold": lambda v: v > 0,  # inf: never skip
     "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
     "min_loss_scale": lambda v: FP32_TINY <= v <= min(FP32_MAX, 2.0**32),  # and <= initial_loss_scale
