@@ -15,9 +15,10 @@ variant            orthogonalise               scale                           a
 :class:`SinkhornMuon`  Newton–Schulz           Muon's                          Sinkhorn–Knopp map of ``W``
 =================  ==========================  ==============================  =========================
 
-The weight projections (SPEL, hyperball, Sinkhorn) act per matrix of the stored param: a 2-D
-param whole (upstream's rule, QKV-fused or not), each matrix of an N-D stack on its own, as each
-expert would be as a 2-D param. They need whole matrices, so these three refuse FSDP2-sharded
+The weight projections (SPEL, hyperball, Sinkhorn) act per matrix the forward multiplies by, as
+the orthogonalisation does: each block of a param the group's ``matrix_views`` give a view
+(concatenated or transposed experts, heads), else a 2-D param whole (upstream's rule, QKV-fused or
+not) and each matrix of an N-D stack on its own, as each expert would be as a 2-D param. They need whole matrices, so these three refuse FSDP2-sharded
 (DTensor) params by name; the other three run every path Muon runs.
 
 Reference implementations: emerging-optimizers 0.3.0,
@@ -153,19 +154,32 @@ class _ProjectsWeights(Muon):
             )
         super()._check_param(param, group, where)
 
-    @staticmethod
-    def _matrices(tensor: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
-        """A param-shaped tensor as its stored matrices ``(count, rows, cols)``: a view of a
-        contiguous one, else a copy (write it back with :meth:`_write_back`)."""
-        matrices = as_matrices(tensor, flatten=group["flatten"])  # contiguous: reductions round as for any layout
-        stack: torch.Tensor = matrices.reshape(-1, *matrices.shape[-2:]).contiguous()
-        return stack
+    def _matrices(self, tensor: torch.Tensor, param: torch.Tensor, group: dict[str, Any], index: int | None = None) -> torch.Tensor:
+        """A tensor shaped like ``param`` as the matrices the projection acts on, ``(count, rows,
+        cols)``: those the forward multiplies by where the group's ``matrix_views`` give ``param``
+        a view (``index``: its place in the group, else found by identity), else its stored
+        matrices. A view of a contiguous ``tensor`` where the layout allows, else a copy (write it
+        back with :meth:`_write_back`)."""
+        view = self.matrix_view(param, group, index)
+        if view is None:
+            matrices = as_matrices(tensor, flatten=group["flatten"])  # contiguous: reductions round as for any layout
+            stack: torch.Tensor = matrices.reshape(-1, *matrices.shape[-2:]).contiguous()
+            return stack
+        blocks = tensor.reshape(view.split).permute(view.order)
+        return blocks.reshape(view.count, *view.shape).contiguous()
 
-    @staticmethod
-    def _write_back(tensor: torch.Tensor, matrices: torch.Tensor) -> None:
+    def _write_back(self, tensor: torch.Tensor, matrices: torch.Tensor, param: torch.Tensor, group: dict[str, Any]) -> None:
         """Store ``matrices`` (from :meth:`_matrices`, changed in place) in ``tensor`` unless they are its view."""
-        if matrices.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        if matrices.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
+            return  # a view of it: every layout whose matrices are contiguous runs of the param
+        view = self.matrix_view(param, group)
+        if view is None:
             tensor.copy_(matrices.view(tensor.shape))
+            return
+        whole = tensor if tensor.is_contiguous() else tensor.contiguous()
+        whole.view(view.split).permute(view.order).copy_(matrices.view([view.split[i] for i in view.order]))
+        if whole is not tensor:
+            tensor.copy_(whole)
 
 
 class Spel(_ProjectsWeights):
@@ -184,10 +198,10 @@ class Spel(_ProjectsWeights):
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
-        weights, group = prepared.local, prepared.group
-        matrices = self._matrices(weights, group)
+        weights, param, group = prepared.local, prepared.param, prepared.group
+        matrices = self._matrices(weights, param, group)
         matrices.copy_(self._orthogonalize(matrices.to(compute_dtype(weights)), group))
-        self._write_back(weights, matrices)
+        self._write_back(weights, matrices, param, group)
 
 
 class MuonHyperball(_ProjectsWeights):
@@ -226,7 +240,7 @@ class MuonHyperball(_ProjectsWeights):
             raise ValueError(f"{where}: `hyperball_radius`: must be positive and finite, or None; got {radius!r}; expected a float in (0, inf)")
         super()._check_group(group, index)
         for param_index, param in enumerate(group["params"]):
-            if bool((torch.linalg.vector_norm(self._matrices(param.detach(), group), dim=(-2, -1)) == 0).any()):
+            if bool((torch.linalg.vector_norm(self._matrices(param.detach(), param, group, param_index), dim=(-2, -1)) == 0).any()):
                 raise ValueError(
                     f"{describe_param(group, index, param_index)}: MuonHyperball keeps each matrix's norm; got a "
                     f"matrix of zero norm in shape {tuple(param.shape)}; expected non-zero weights (initialise them first)"
@@ -237,10 +251,10 @@ class MuonHyperball(_ProjectsWeights):
         super()._init_state(param, state, group)
         radius = group["hyperball_radius"]
         if radius is not None:
-            matrices = self._matrices(param.detach(), group)
+            matrices = self._matrices(param.detach(), param, group)
             norms = torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True)
             matrices.mul_(radius / norms.clamp_min(group["hyperball_eps"]))
-            self._write_back(param.detach(), matrices)
+            self._write_back(param.detach(), matrices, param, group)
 
     @override
     def _finish_update(
@@ -248,22 +262,24 @@ class MuonHyperball(_ProjectsWeights):
         grad: torch.Tensor, direction: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         eps, radius = group["hyperball_eps"], group["hyperball_radius"]
-        weights = self._matrices(param, group)
+        weights = self._matrices(param, param, group)
         radii = torch.linalg.vector_norm(weights, dim=(-2, -1), keepdim=True) if radius is None else torch.full(
             (weights.shape[0], 1, 1), radius, dtype=weights.dtype, device=weights.device
         )
         self._radii[param] = radii
-        matrices = self._matrices(orthogonal.contiguous(), group)
-        update: torch.Tensor = matrices * (radii / torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True).clamp_min(eps))
-        return update.view(param.shape)
+        matrices = self._matrices(orthogonal.contiguous(), param, group)
+        scaled = matrices * (radii / torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True).clamp_min(eps))
+        update = torch.empty(param.shape, dtype=scaled.dtype, device=scaled.device)
+        self._write_back(update, scaled, param, group)
+        return update
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
-        group = prepared.group
-        weights = self._matrices(prepared.local, group)
-        radii = self._radii.pop(prepared.param)
+        param, group = prepared.param, prepared.group
+        weights = self._matrices(prepared.local, param, group)
+        radii = self._radii.pop(param)
         weights.mul_(radii / torch.linalg.vector_norm(weights, dim=(-2, -1), keepdim=True).clamp_min(group["hyperball_eps"]))
-        self._write_back(prepared.local, weights)
+        self._write_back(prepared.local, weights, param, group)
 
 
 class SinkhornMuon(_ProjectsWeights):
@@ -314,7 +330,7 @@ class SinkhornMuon(_ProjectsWeights):
         if group["normalize_at_start"]:
             return
         for param_index, param in enumerate(group["params"]):
-            for matrix in self._matrices(param.detach(), group):
+            for matrix in self._matrices(param.detach(), param, group, param_index):
                 problem = self._not_normalized(matrix, group["doubly_stochastic_tolerance"])
                 if problem:
                     raise ValueError(
@@ -342,16 +358,16 @@ class SinkhornMuon(_ProjectsWeights):
         super()._init_state(param, state, group)
         if not group["normalize_at_start"]:
             return
-        matrices = self._matrices(param.detach(), group)
+        matrices = self._matrices(param.detach(), param, group)
         for matrix in matrices:
             if self._not_normalized(matrix, group["doubly_stochastic_tolerance"]):
                 sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
-        self._write_back(param.detach(), matrices)
+        self._write_back(param.detach(), matrices, param, group)
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
-        group = prepared.group
-        matrices = self._matrices(prepared.local, group)
+        param, group = prepared.param, prepared.group
+        matrices = self._matrices(prepared.local, param, group)
         for matrix in matrices:
             sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
-        self._write_back(prepared.local, matrices)
+        self._write_back(prepared.local, matrices, param, group)
