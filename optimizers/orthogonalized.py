@@ -204,6 +204,11 @@ class Spel(_ProjectsWeights):
         self._write_back(weights, matrices, param, group)
 
 
+def _norms(matrices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The Frobenius norm of each matrix of a ``(count, rows, cols)`` stack, as ``(count, 1, 1)`` in ``dtype``."""
+    return torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True, dtype=dtype)
+
+
 class MuonHyperball(_ProjectsWeights):
     r"""Muon on the sphere (hyperball): the update of each matrix is rescaled to the weights' norm
     :math:`R`, and the weights are scaled back to :math:`R` after it:
@@ -252,7 +257,7 @@ class MuonHyperball(_ProjectsWeights):
         radius = group["hyperball_radius"]
         if radius is not None:
             matrices = self._matrices(param.detach(), param, group)
-            norms = torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True)
+            norms = _norms(matrices, compute_dtype(param))
             matrices.mul_(radius / norms.clamp_min(group["hyperball_eps"]))
             self._write_back(param.detach(), matrices, param, group)
 
@@ -263,12 +268,11 @@ class MuonHyperball(_ProjectsWeights):
     ) -> torch.Tensor:  # fmt: skip
         eps, radius = group["hyperball_eps"], group["hyperball_radius"]
         weights = self._matrices(param, param, group)
-        radii = torch.linalg.vector_norm(weights, dim=(-2, -1), keepdim=True) if radius is None else torch.full(
-            (weights.shape[0], 1, 1), radius, dtype=weights.dtype, device=weights.device
-        )
+        dtype = compute_dtype(param)  # a bf16 param's radius in float32, not rounded to bf16
+        radii = _norms(weights, dtype) if radius is None else torch.full((weights.shape[0], 1, 1), radius, dtype=dtype, device=weights.device)
         self._radii[param] = radii
         matrices = self._matrices(orthogonal.contiguous(), param, group)
-        scaled = matrices * (radii / torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True).clamp_min(eps))
+        scaled = matrices * (radii / _norms(matrices, dtype).clamp_min(eps))
         update = torch.empty(param.shape, dtype=scaled.dtype, device=scaled.device)
         self._write_back(update, scaled, param, group)
         return update
@@ -278,7 +282,7 @@ class MuonHyperball(_ProjectsWeights):
         param, group = prepared.param, prepared.group
         weights = self._matrices(prepared.local, param, group)
         radii = self._radii.pop(param)
-        weights.mul_(radii / torch.linalg.vector_norm(weights, dim=(-2, -1), keepdim=True).clamp_min(group["hyperball_eps"]))
+        weights.mul_(radii / _norms(weights, radii.dtype).clamp_min(group["hyperball_eps"]))  # in float32, rounded once
         self._write_back(prepared.local, weights, param, group)
 
 
