@@ -365,13 +365,22 @@ class SinkhornMuon(_ProjectsWeights):
         matrices = self._matrices(param.detach(), param, group)
         for matrix in matrices:
             if self._not_normalized(matrix, group["doubly_stochastic_tolerance"]):
-                sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
+                self._map_(matrix, group, compute_dtype(param))
         self._write_back(param.detach(), matrices, param, group)
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
         param, group = prepared.param, prepared.group
         matrices = self._matrices(prepared.local, param, group)
-        for matrix in matrices:
-            sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
+        for matrix in matrices:  # one by one: the map subtracts its input's maximum before exp
+            self._map_(matrix, group, compute_dtype(param))
         self._write_back(prepared.local, matrices, param, group)
+
+    @staticmethod
+    def _map_(matrix: torch.Tensor, group: dict[str, Any], dtype: torch.dtype) -> None:
+        """:func:`~optzoo.optimizers._emerging.sinkhorn_map_` of one matrix, in place, computed in
+        ``dtype`` (float32 for 16-bit weights: rounded once, not at each sum)."""
+        if matrix.dtype == dtype:
+            sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
+        else:
+            matrix.copy_(sinkhorn_map_(matrix.to(dtype), num_iters=group["num_iters"], eps=group["eps"]))
