@@ -206,7 +206,8 @@ class Spel(_ProjectsWeights):
 
 def _norms(matrices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The Frobenius norm of each matrix of a ``(count, rows, cols)`` stack, as ``(count, 1, 1)`` in ``dtype``."""
-    return torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True, dtype=dtype)
+    norms: torch.Tensor = torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True, dtype=dtype)
+    return norms
 
 
 class MuonHyperball(_ProjectsWeights):
