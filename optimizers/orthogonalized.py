@@ -74,7 +74,10 @@ class MOP(Muon):
 
     The nuclear norm is read as :math:`\langle UV^\top, D\rangle` (PolarGrad's formula; upstream sums
     the singular values: equal to float32 rounding). ``num_ns_steps`` and ``coefficient_type`` are
-    not used.
+    not used. Singular directions below the rank tolerance (``σ <= σ_max·max(rows, cols)·eps``)
+    are left out of :math:`UV^\top`, as Newton–Schulz leaves them: upstream keeps LAPACK's arbitrary
+    completion of the null space, so under a Muon scale mode a zero direction moved the weights
+    by a random orthogonal matrix; for full-rank directions the two are equal bit for bit.
 
     Args: :class:`~optzoo.optimizers.muon.Muon`'s, with ``scale_mode`` defaulting to ``nuclear_norm``.
     """
@@ -86,7 +89,12 @@ class MOP(Muon):
 
     @override
     def _orthogonalize(self, stack: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
-        u, _, vh = torch.linalg.svd(stack, full_matrices=False)
+        u, singular, vh = torch.linalg.svd(stack, full_matrices=False)
+        # Directions of (numerically) zero singular value are the SVD's arbitrary completion of
+        # the null space: dropped, as Newton–Schulz's limit drops them (sign(0) = 0). A full-rank
+        # direction keeps every one (u times 1, exact); a zero one gives 0, not a random rotation.
+        tolerance = singular.amax(dim=-1, keepdim=True) * max(stack.shape[-2:]) * torch.finfo(singular.dtype).eps
+        u = u * (singular > tolerance).unsqueeze(-2)
         with _float32_matmul_precision(group["fp32_matmul_prec"]):
             polar: torch.Tensor = u @ vh
         return polar

@@ -288,6 +288,23 @@ def test_mop_update_is_the_nuclear_norm_times_the_polar_factor_in_float64(shape:
     torch.testing.assert_close(_one_step(MOP, weight, grad).double(), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("scale_mode", ["nuclear_norm", "spectral"])
+def test_mop_polar_factor_of_a_rank_deficient_direction_spans_its_range_only(scale_mode: str) -> None:
+    """The polar factor of ``D = U_r S_r V_rᵀ`` (rank r) is ``U_r V_rᵀ`` (Newton–Schulz's limit,
+    sign(0) = 0), computed here in float64; a zero gradient is then a no-op under every scale mode.
+    (Upstream's ``U @ Vh`` of the full thin SVD completed the null space arbitrarily: the rank-2
+    gradient below gave a rank-6 update, and a zero one moved the weights by 0.24 under ``spectral``.)"""
+    generator = torch.Generator().manual_seed(12)
+    weight = torch.randn(6, 6, generator=generator)
+    grad = torch.randn(6, 2, generator=generator) @ torch.randn(2, 6, generator=generator)
+    u, s, vh = torch.linalg.svd(grad.double())
+    polar = u[:, :2] @ vh[:2]
+    scale = s.sum() if scale_mode == "nuclear_norm" else _emerging.muon_scale_factor(6, 6, "spectral")
+    got = _one_step(MOP, weight, grad, scale_mode=scale_mode).double()
+    torch.testing.assert_close(got, weight.double() - 0.1 * scale * polar, atol=1e-5, rtol=1e-5)
+    assert torch.equal(_one_step(MOP, weight, torch.zeros(6, 6), scale_mode=scale_mode), weight)
+
+
 def test_polargrad_update_is_its_nuclear_norm_estimate_times_the_orthogonal_factor() -> None:
     """PolarGrad, one step with momentum 0: ``W − η·⟨O, G⟩·O`` with ``O = NS(G)`` (upstream's
     Newton–Schulz), ``⟨O, G⟩`` in float64. With 5 quintic steps ``O`` is only near-orthogonal, so
