@@ -558,7 +558,7 @@ def test_every_matrix_view_steps_its_blocks_as_upstream_steps_them_as_2d_params(
     twins = views._twins(params, layouts)
     ours = CLASSES[name]([{"params": params, "matrix_views": [layout.view for layout in layouts]}], **COMMON)
     reference = upstream(name, twins, dict(COMMON))
-    views._drive(ours, params, reference, twins, layouts, steps=3)
+    views._drive(ours, params, reference, twins, layouts, steps=2)
     tolerance = EXACT if name in ("scion", "spel") else views.REDUCTIONS
     for p, want in zip(params, views._assemble([t.detach() for t in twins], layouts), strict=True):
         torch.testing.assert_close(p.detach(), want, **tolerance)
