@@ -44,7 +44,7 @@ from optzoo.config import MuonMatmulPrecision, MuonScaleMode, MuonTPMode  # noqa
 from optzoo.optimizers.registry import get_spec, registered_names  # noqa: E402
 from optzoo.routing import ParamPredicate, ParamWithNamePredicate  # noqa: E402
 
-OPTIMIZERS = ("adam", "sgd", "lion", "soap", "muon", "adaptive_muon")
+OPTIMIZERS = ("adam", "sgd", "lion", "soap", "muon", "adaptive_muon", "polargrad", "mop", "scion", "spel", "muon_hyperball", "sinkhorn_muon")
 DTYPES = {"fp32": (torch.float32, {}), "bf16": (torch.bfloat16, {"bf16": True}),
           "fp16": (torch.float16, {"fp16": True, "initial_loss_scale": 1024.0})}  # fmt: skip
 NAN, INF = float("nan"), float("inf")
