@@ -504,6 +504,26 @@ def test_qkv_blocks_step_as_separate_matrices_where_the_scale_is_per_matrix(name
         torch.testing.assert_close(fused.detach()[rows], block.detach(), **tolerance)
 
 
+def test_spel_orthogonalises_qkv_blocks_then_projects_the_whole_fused_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron's split orthogonalises the update per Q/K/V block; the projection keeps upstream's
+    rule for a 2-D param (the whole matrix): ``W₁ = NS(W₀ − η·[NS(D_q); NS(D_k); NS(D_v)])``, by hand
+    with upstream's Newton–Schulz, the blocks gathered from the rows by hand."""
+    monkeypatch.setattr(muon_module, "newton_schulz", upstream_newton_schulz)
+    split, groups, cols = [4, 2, 2], 2, 24
+    generator = torch.Generator().manual_seed(13)
+    weight, grad = torch.randn(groups * sum(split), cols, generator=generator), torch.randn(groups * sum(split), cols, generator=generator)
+    fused = torch.nn.Parameter(weight.clone())
+    fused.qkv_split_shapes = split  # type: ignore[attr-defined]
+    opt = Spel([fused], lr=0.1, momentum=0.0, weight_decay=0.0, fp32_matmul_prec="highest")
+    fused.grad = grad
+    opt.step()
+    orthogonal = torch.empty_like(grad)
+    for k, size in enumerate(split):
+        rows = [g * sum(split) + sum(split[:k]) + r for g in range(groups) for r in range(size)]
+        orthogonal[rows] = _upstream_ns(grad[rows])
+    torch.testing.assert_close(fused.detach(), _upstream_ns(torch.add(weight, orthogonal, alpha=-0.1)), **EXACT)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_get_optimizer_steps_concatenated_experts_as_separate_matrices(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The matrix view read from the forward (test_muon_views.py's model, ``w1`` read as
