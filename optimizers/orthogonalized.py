@@ -15,9 +15,10 @@ variant            orthogonalise               scale                           a
 :class:`SinkhornMuon`  Newton–Schulz           Muon's                          Sinkhorn–Knopp map of ``W``
 =================  ==========================  ==============================  =========================
 
-The weight projections (SPEL, hyperball, Sinkhorn) act per matrix of the stored param: a 2-D
-param whole (upstream's rule, QKV-fused or not), each matrix of an N-D stack on its own, as each
-expert would be as a 2-D param. They need whole matrices, so these three refuse FSDP2-sharded
+The weight projections (SPEL, hyperball, Sinkhorn) act per matrix the forward multiplies by, as
+the orthogonalisation does: each block of a param the group's ``matrix_views`` give a view
+(concatenated or transposed experts, heads), else a 2-D param whole (upstream's rule, QKV-fused or
+not) and each matrix of an N-D stack on its own, as each expert would be as a 2-D param. They need whole matrices, so these three refuse FSDP2-sharded
 (DTensor) params by name; the other three run every path Muon runs.
 
 Reference implementations: emerging-optimizers 0.3.0,
@@ -73,7 +74,10 @@ class MOP(Muon):
 
     The nuclear norm is read as :math:`\langle UV^\top, D\rangle` (PolarGrad's formula; upstream sums
     the singular values: equal to float32 rounding). ``num_ns_steps`` and ``coefficient_type`` are
-    not used.
+    not used. Singular directions below the rank tolerance (``σ <= σ_max·max(rows, cols)·eps``)
+    are left out of :math:`UV^\top`, as Newton–Schulz leaves them: upstream keeps LAPACK's arbitrary
+    completion of the null space, so under a Muon scale mode a zero direction moved the weights
+    by a random orthogonal matrix; for full-rank directions the two are equal bit for bit.
 
     Args: :class:`~optzoo.optimizers.muon.Muon`'s, with ``scale_mode`` defaulting to ``nuclear_norm``.
     """
@@ -85,7 +89,12 @@ class MOP(Muon):
 
     @override
     def _orthogonalize(self, stack: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
-        u, _, vh = torch.linalg.svd(stack, full_matrices=False)
+        u, singular, vh = torch.linalg.svd(stack, full_matrices=False)
+        # Directions of (numerically) zero singular value are the SVD's arbitrary completion of
+        # the null space: dropped, as Newton–Schulz's limit drops them (sign(0) = 0). A full-rank
+        # direction keeps every one (u times 1, exact); a zero one gives 0, not a random rotation.
+        tolerance = singular.amax(dim=-1, keepdim=True) * max(stack.shape[-2:]) * torch.finfo(singular.dtype).eps
+        u = u * (singular > tolerance).unsqueeze(-2)
         with _float32_matmul_precision(group["fp32_matmul_prec"]):
             polar: torch.Tensor = u @ vh
         return polar
@@ -153,19 +162,32 @@ class _ProjectsWeights(Muon):
             )
         super()._check_param(param, group, where)
 
-    @staticmethod
-    def _matrices(tensor: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
-        """A param-shaped tensor as its stored matrices ``(count, rows, cols)``: a view of a
-        contiguous one, else a copy (write it back with :meth:`_write_back`)."""
-        matrices = as_matrices(tensor, flatten=group["flatten"])  # contiguous: reductions round as for any layout
-        stack: torch.Tensor = matrices.reshape(-1, *matrices.shape[-2:]).contiguous()
-        return stack
+    def _matrices(self, tensor: torch.Tensor, param: torch.Tensor, group: dict[str, Any], index: int | None = None) -> torch.Tensor:
+        """A tensor shaped like ``param`` as the matrices the projection acts on, ``(count, rows,
+        cols)``: those the forward multiplies by where the group's ``matrix_views`` give ``param``
+        a view (``index``: its place in the group, else found by identity), else its stored
+        matrices. A view of a contiguous ``tensor`` where the layout allows, else a copy (write it
+        back with :meth:`_write_back`)."""
+        view = self.matrix_view(param, group, index)
+        if view is None:
+            matrices = as_matrices(tensor, flatten=group["flatten"])  # contiguous: reductions round as for any layout
+            stack: torch.Tensor = matrices.reshape(-1, *matrices.shape[-2:]).contiguous()
+            return stack
+        blocks = tensor.reshape(view.split).permute(view.order)
+        return blocks.reshape(view.count, *view.shape).contiguous()
 
-    @staticmethod
-    def _write_back(tensor: torch.Tensor, matrices: torch.Tensor) -> None:
+    def _write_back(self, tensor: torch.Tensor, matrices: torch.Tensor, param: torch.Tensor, group: dict[str, Any]) -> None:
         """Store ``matrices`` (from :meth:`_matrices`, changed in place) in ``tensor`` unless they are its view."""
-        if matrices.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        if matrices.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
+            return  # a view of it: every layout whose matrices are contiguous runs of the param
+        view = self.matrix_view(param, group)
+        if view is None:
             tensor.copy_(matrices.view(tensor.shape))
+            return
+        whole = tensor if tensor.is_contiguous() else tensor.contiguous()
+        whole.view(view.split).permute(view.order).copy_(matrices.view([view.split[i] for i in view.order]))
+        if whole is not tensor:
+            tensor.copy_(whole)
 
 
 class Spel(_ProjectsWeights):
@@ -184,10 +206,16 @@ class Spel(_ProjectsWeights):
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
-        weights, group = prepared.local, prepared.group
-        matrices = self._matrices(weights, group)
+        weights, param, group = prepared.local, prepared.param, prepared.group
+        matrices = self._matrices(weights, param, group)
         matrices.copy_(self._orthogonalize(matrices.to(compute_dtype(weights)), group))
-        self._write_back(weights, matrices)
+        self._write_back(weights, matrices, param, group)
+
+
+def _norms(matrices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The Frobenius norm of each matrix of a ``(count, rows, cols)`` stack, as ``(count, 1, 1)`` in ``dtype``."""
+    norms: torch.Tensor = torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True, dtype=dtype)
+    return norms
 
 
 class MuonHyperball(_ProjectsWeights):
@@ -226,7 +254,7 @@ class MuonHyperball(_ProjectsWeights):
             raise ValueError(f"{where}: `hyperball_radius`: must be positive and finite, or None; got {radius!r}; expected a float in (0, inf)")
         super()._check_group(group, index)
         for param_index, param in enumerate(group["params"]):
-            if bool((torch.linalg.vector_norm(self._matrices(param.detach(), group), dim=(-2, -1)) == 0).any()):
+            if bool((torch.linalg.vector_norm(self._matrices(param.detach(), param, group, param_index), dim=(-2, -1)) == 0).any()):
                 raise ValueError(
                     f"{describe_param(group, index, param_index)}: MuonHyperball keeps each matrix's norm; got a "
                     f"matrix of zero norm in shape {tuple(param.shape)}; expected non-zero weights (initialise them first)"
@@ -237,10 +265,10 @@ class MuonHyperball(_ProjectsWeights):
         super()._init_state(param, state, group)
         radius = group["hyperball_radius"]
         if radius is not None:
-            matrices = self._matrices(param.detach(), group)
-            norms = torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True)
+            matrices = self._matrices(param.detach(), param, group)
+            norms = _norms(matrices, compute_dtype(param))
             matrices.mul_(radius / norms.clamp_min(group["hyperball_eps"]))
-            self._write_back(param.detach(), matrices)
+            self._write_back(param.detach(), matrices, param, group)
 
     @override
     def _finish_update(
@@ -248,22 +276,23 @@ class MuonHyperball(_ProjectsWeights):
         grad: torch.Tensor, direction: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         eps, radius = group["hyperball_eps"], group["hyperball_radius"]
-        weights = self._matrices(param, group)
-        radii = torch.linalg.vector_norm(weights, dim=(-2, -1), keepdim=True) if radius is None else torch.full(
-            (weights.shape[0], 1, 1), radius, dtype=weights.dtype, device=weights.device
-        )
+        weights = self._matrices(param, param, group)
+        dtype = compute_dtype(param)  # a bf16 param's radius in float32, not rounded to bf16
+        radii = _norms(weights, dtype) if radius is None else torch.full((weights.shape[0], 1, 1), radius, dtype=dtype, device=weights.device)
         self._radii[param] = radii
-        matrices = self._matrices(orthogonal.contiguous(), group)
-        update: torch.Tensor = matrices * (radii / torch.linalg.vector_norm(matrices, dim=(-2, -1), keepdim=True).clamp_min(eps))
-        return update.view(param.shape)
+        matrices = self._matrices(orthogonal.contiguous(), param, group)
+        scaled = matrices * (radii / _norms(matrices, dtype).clamp_min(eps))
+        update = torch.empty(param.shape, dtype=scaled.dtype, device=scaled.device)
+        self._write_back(update, scaled, param, group)
+        return update
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
-        group = prepared.group
-        weights = self._matrices(prepared.local, group)
-        radii = self._radii.pop(prepared.param)
-        weights.mul_(radii / torch.linalg.vector_norm(weights, dim=(-2, -1), keepdim=True).clamp_min(group["hyperball_eps"]))
-        self._write_back(prepared.local, weights)
+        param, group = prepared.param, prepared.group
+        weights = self._matrices(prepared.local, param, group)
+        radii = self._radii.pop(param)
+        weights.mul_(radii / _norms(weights, radii.dtype).clamp_min(group["hyperball_eps"]))  # in float32, rounded once
+        self._write_back(prepared.local, weights, param, group)
 
 
 class SinkhornMuon(_ProjectsWeights):
@@ -314,7 +343,7 @@ class SinkhornMuon(_ProjectsWeights):
         if group["normalize_at_start"]:
             return
         for param_index, param in enumerate(group["params"]):
-            for matrix in self._matrices(param.detach(), group):
+            for matrix in self._matrices(param.detach(), param, group, param_index):
                 problem = self._not_normalized(matrix, group["doubly_stochastic_tolerance"])
                 if problem:
                     raise ValueError(
@@ -342,16 +371,25 @@ class SinkhornMuon(_ProjectsWeights):
         super()._init_state(param, state, group)
         if not group["normalize_at_start"]:
             return
-        matrices = self._matrices(param.detach(), group)
+        matrices = self._matrices(param.detach(), param, group)
         for matrix in matrices:
             if self._not_normalized(matrix, group["doubly_stochastic_tolerance"]):
-                sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
-        self._write_back(param.detach(), matrices)
+                self._map_(matrix, group, compute_dtype(param))
+        self._write_back(param.detach(), matrices, param, group)
 
     @override
     def _after_update(self, prepared: _Prepared) -> None:
-        group = prepared.group
-        matrices = self._matrices(prepared.local, group)
-        for matrix in matrices:
+        param, group = prepared.param, prepared.group
+        matrices = self._matrices(prepared.local, param, group)
+        for matrix in matrices:  # one by one: the map subtracts its input's maximum before exp
+            self._map_(matrix, group, compute_dtype(param))
+        self._write_back(prepared.local, matrices, param, group)
+
+    @staticmethod
+    def _map_(matrix: torch.Tensor, group: dict[str, Any], dtype: torch.dtype) -> None:
+        """:func:`~optzoo.optimizers._emerging.sinkhorn_map_` of one matrix, in place, computed in
+        ``dtype`` (float32 for 16-bit weights: rounded once, not at each sum)."""
+        if matrix.dtype == dtype:
             sinkhorn_map_(matrix, num_iters=group["num_iters"], eps=group["eps"])
-        self._write_back(prepared.local, matrices)
+        else:
+            matrix.copy_(sinkhorn_map_(matrix.to(dtype), num_iters=group["num_iters"], eps=group["eps"]))

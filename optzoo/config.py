@@ -306,8 +306,8 @@ class OptimizerConfig:
     muon_hyperball_eps: float = 1e-8
     """Floor of the norms Muon-Hyperball divides by."""
     muon_hyperball_radius: float | None = None
-    """Muon-Hyperball's fixed norm of each matrix (params are rescaled to it when the optimizer is
-    built); ``None``: each matrix keeps the norm it has."""
+    """Muon-Hyperball's fixed norm of each matrix (each is rescaled to it before its first update;
+    upstream rescales when the optimizer is built); ``None``: each matrix keeps the norm it has."""
     sinkhorn_muon_num_iters: int = 20
     """Row and column normalisation rounds of Sinkhorn-Muon's Sinkhorn–Knopp map."""
     sinkhorn_muon_eps: float = 1e-8
@@ -315,8 +315,8 @@ class OptimizerConfig:
     sinkhorn_muon_doubly_stochastic_tolerance: float = 0.1
     """How far from Sinkhorn-normalised a param may be when Sinkhorn-Muon is built."""
     sinkhorn_muon_normalize_at_start: bool = True
-    """Sinkhorn-Muon maps each matrix that is not Sinkhorn-normalised when it is built (an optzoo
-    extension; upstream raises, as False does)."""
+    """Sinkhorn-Muon maps each matrix that is not Sinkhorn-normalised before its first update (an
+    optzoo extension; upstream raises when built, as False does)."""
     muon_scalar_optimizer: str = "adam"
     """Optimizer for the parameters Muon does not take (embeddings, biases, norms)."""
     muon_scalar_lr: float | None = None

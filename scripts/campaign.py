@@ -44,7 +44,7 @@ from optzoo.config import MuonMatmulPrecision, MuonScaleMode, MuonTPMode  # noqa
 from optzoo.optimizers.registry import get_spec, registered_names  # noqa: E402
 from optzoo.routing import ParamPredicate, ParamWithNamePredicate  # noqa: E402
 
-OPTIMIZERS = ("adam", "sgd", "lion", "soap", "muon", "adaptive_muon")
+OPTIMIZERS = tuple(registered_names())  # every name `optzoo list` shows, so one registered later is tried too
 DTYPES = {"fp32": (torch.float32, {}), "bf16": (torch.bfloat16, {"bf16": True}),
           "fp16": (torch.float16, {"fp16": True, "initial_loss_scale": 1024.0})}  # fmt: skip
 NAN, INF = float("nan"), float("inf")
@@ -181,6 +181,7 @@ CHOICES = {
     "adaptive_muon_moment2_method": get_args(AdaptiveMuonMoment2Method),
     "muon_fsdp_orthogonalize": get_args(MuonFsdpOrthogonalize),
     "torch_muon_adjust_lr_fn": (None, "original", "match_rms_adamw", "spectral_unclamped"),
+    "mop_scale_mode": (*get_args(MuonScaleMode), "nuclear_norm"),
 }  # fmt: skip
 FP32_TINY, FP32_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)
 RANGES: dict[str, Callable[[float], bool]] = {
@@ -195,6 +196,8 @@ RANGES: dict[str, Callable[[float], bool]] = {
     **{f: (lambda v: v >= 0) for f in ("psgd_pro_min_precond_lr", "psgd_pro_damping_noise_scale", "psgd_pro_max_update_rms")},
     "psgd_pro_warmup_steps": lambda v: v >= 1,  # an int (checked by kind)
     **{f: (lambda v: v in (0, 1)) for f in ("oblique_sgd_dim", "oblique_adam_dim")},
+    **{f: (lambda v: v > 0) for f in ("scion_spectral_radius", "muon_hyperball_eps", "muon_hyperball_radius",
+                                       "sinkhorn_muon_eps", "sinkhorn_muon_doubly_stochastic_tolerance")},
     "grad_norm_skip_threshold": lambda v: v > 0,  # inf: never skip
     "initial_loss_scale": lambda v: max(FP32_TINY, 1.0) <= v <= FP32_MAX,  # and >= min_loss_scale (1.0)
     "min_loss_scale": lambda v: FP32_TINY <= v <= min(FP32_MAX, 2.0**32),  # and <= initial_loss_scale
