@@ -382,7 +382,10 @@ def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim
     return _emerging.soap(groups, use_kl_shampoo=instance["soap_use_kl_shampoo"])
 
 
-def _refuse_dtensors(groups: ParamGroups, name: str) -> None:
+_PRECONDITIONS_SHARDS = "emerging-optimizers' class preconditions the tensor it is given and cannot gather FSDP2 shards"
+
+
+def _refuse_dtensors(groups: ParamGroups, name: str, why: str = _PRECONDITIONS_SHARDS) -> None:
     """Raise for FSDP2-sharded (DTensor) params: a preconditioner built from a shard is wrong, not slow."""
     for group_index, group in enumerate(groups):
         names = group.get("param_names")
@@ -390,8 +393,7 @@ def _refuse_dtensors(groups: ParamGroups, name: str) -> None:
             if isinstance(param, DTensor):
                 where = f"`{names[param_index]}`" if names else f"param group #{group_index}, param #{param_index}"
                 raise ValueError(
-                    f"{where}: {name} needs whole matrices (emerging-optimizers' class preconditions the "
-                    f"tensor it is given and cannot gather FSDP2 shards); got a DTensor of shape "
+                    f"{where}: {name} needs whole matrices ({why}); got a DTensor of shape "
                     f"{tuple(param.shape)} with placements {tuple(param.placements)}; expected a plain "
                     f"tensor: route it to muon or adam, or leave its module out of fully_shard"
                 )
@@ -576,14 +578,18 @@ def _orthogonalized(
     fields: tuple[str, ...] = (), *, shapes: str = _MUON_SHAPES, update_cost: UpdateCost = newton_schulz_cost,
     constraint: str = "",
 ) -> OptimizerSpec:
+    def build(groups: ParamGroups, instance: Mapping[str, Any]) -> Muon:
+        if constraint:  # the weights are projected whole after each update: a shard cannot be
+            _refuse_dtensors(groups, name, f"it keeps the weights on {constraint} after each update")
+        return _without_ns_warning(cls, groups, instance)
+
     """A record for a variant on Muon's step loop (:mod:`optzoo.optimizers.orthogonalized`): Muon's
     placement, batching, expert and QKV blocks and state; ``options`` maps the config to its group keys."""
     return _matrix_only(
         name=name, description=description, source="optzoo", family="orthogonalized", update_cost=update_cost,
         shapes=shapes, state_bytes=per_element_state(1, float32=True), place=_place_muon,
         config_fields=(*_MUON_FIELDS, *fields), instance_fields=("muon_fsdp_orthogonalize",),
-        group_options=options, build=lambda groups, instance: _without_ns_warning(cls, groups, instance),
-        matrix_views=True, constraint=constraint,
+        group_options=options, build=build, matrix_views=True, constraint=constraint,
     )  # fmt: skip
 
 

@@ -7,7 +7,8 @@ A param that has never been stepped has no state; once stepped, it has every key
 
 Our optimizers answer ``state_layout(param, group, shape)`` themselves; the layouts of the
 torch and emerging-optimizers classes are transcribed here from their ``_init_group`` /
-``step`` (torch 2.x ``Adam``/``AdamW``/``SGD``/``Adafactor``, emerging-optimizers 0.3.0 ``Lion``/``SOAP``).
+``step`` (torch 2.x ``Adam``/``AdamW``/``SGD``/``Adafactor``/``Muon``, emerging-optimizers 0.3.0
+``Lion``/``LaProp``/``SOAP`` (and REKLS)/``ObliqueSGD``/``ObliqueAdam``; PSGD's list-valued factors are not checked).
 """
 
 from __future__ import annotations
@@ -88,10 +89,16 @@ def state_layout_of(optimizer: torch.optim.Optimizer, param: torch.Tensor, group
         return _torch_sgd(optimizer, param, group, shape)
     if isinstance(optimizer, torch.optim.Adafactor):
         return _torch_adafactor(optimizer, param, group, shape)
+    if isinstance(optimizer, torch.optim.Muon):
+        return {"momentum_buffer": per_element(shape)}
     upstream = type(optimizer).__mro__
     names = {(cls.__module__.split(".")[0], cls.__name__) for cls in upstream}
     if ("emerging_optimizers", "Lion") in names:
         return _lion(optimizer, param, group, shape)
+    if names & {("emerging_optimizers", "LaProp"), ("emerging_optimizers", "ObliqueAdam")}:
+        return {"step": COUNT, "exp_avg": per_element(shape), "exp_avg_sq": per_element(shape)}
+    if ("emerging_optimizers", "ObliqueSGD") in names:
+        return {"momentum_buffer": per_element(shape)}
     if ("emerging_optimizers", "SOAP") in names:
         return _soap(optimizer, param, group, shape)
     return None

@@ -732,11 +732,10 @@ def test_fsdp2_whole_matrix_algorithms_equal_one_process_and_projections_refuse_
         for name in ("polargrad", "mop", "scion"):
             for path in ("owner", "redundant"):
                 assert result[f"{name}-{path}"] == 0.0, (rank, name, path, result[f"{name}-{path}"])
-        for name in ("spel", "muon_hyperball", "sinkhorn_muon"):
-            cls = CLASSES[name].__name__
+        for name in ("spel", "muon_hyperball", "sinkhorn_muon"):  # the record refuses before the class is built
             expected = (
-                rf"param group #0, param #0 \(`decoder\.layers\.0\.self_attention\.linear_qkv\.weight`\): {cls} needs whole matrices for .* after each "
-                r"update; got a DTensor of shape \(48, 16\) with placements \(Shard\(dim=0\),\); expected a plain tensor: "
-                r"route it to muon, or leave its module out of fully_shard"
+                rf"`decoder\.layers\.0\.self_attention\.linear_qkv\.weight`: {name} needs whole matrices \(it keeps the weights on .* "
+                r"after each update\); got a DTensor of shape \(48, 16\) with placements \(Shard\(dim=0\),\); expected a plain "
+                r"tensor: route it to muon or adam, or leave its module out of fully_shard"
             )
             assert re.fullmatch(expected, result.get(name, "")), (rank, name, result.get(name))

@@ -100,6 +100,10 @@ def _assert_bitwise(got: dict[str, Any], expected: dict[str, Any]) -> None:
     for key, value in expected.items():
         if torch.is_tensor(value):
             assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+        elif isinstance(value, (list, tuple)) and any(torch.is_tensor(v) for v in value):  # PSGD's factor lists
+            assert len(got[key]) == len(value), key
+            for index, (a, b) in enumerate(zip(got[key], value)):
+                assert a.dtype == b.dtype and torch.equal(a, b), f"{key}[{index}]"
         else:
             assert got[key] == value, key
 
