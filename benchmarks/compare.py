@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -44,8 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from benchmarks._timing import round_robin_medians
-from benchmarks.report import DOCS, environment, render_block, require_matplotlib, write_docs, write_plot
+from benchmarks.report import DOCS, check_markers, environment, render_block, require_matplotlib, write_docs, write_plot
 from optzoo import OptimizerConfig, get_optimizer, resolve_group_configs
 from optzoo.demo import stdlib_bytes
 from optzoo.models import GPT, GPTConfig
@@ -414,7 +415,9 @@ def measure_training(rows: dict[str, Row], plan: Plan, device: torch.device, pro
             if row["status"] != "ok":
                 progress.tick(len(grid) * plan.steps)
                 continue
+            started = time.perf_counter()
             runs = [train_one(spec, lr, task, init, batches, device, progress) for lr in grid]
+            row["train_s"][task.label] = time.perf_counter() - started
             finite = [run for run in runs if math.isfinite(run["valid"])]
             best = min(finite, key=lambda run: run["valid"]) if finite else None
             row["tasks"][task.label] = {"grid": list(grid), "runs": runs, "best_lr": best["lr"] if best else None}
@@ -447,29 +450,36 @@ def run(*, names: list[str], devices: list[torch.device], plan: Plan, quick: boo
     started = time.perf_counter()
     rows: dict[str, Row] = {}
     baselines: dict[str, str] = {}
+    phases: dict[str, float] = {}
     for name in names:
         spec = get_spec(name)
         rows[name] = {"name": name, "family": spec.family, "source": spec.source, "status": "ok", "step_ratio": {},
-                      "first_step_s": {}, "upstream_first_step_s": {}, "tasks": {}, "fallback": "-",
+                      "first_step_s": {}, "upstream_first_step_s": {}, "tasks": {}, "train_s": {}, "fallback": "-",
                       "lr_grid": list(lr_grid(spec, plan.lr_points))}  # fmt: skip
     with tqdm(total=0, disable=not progress, unit="step", dynamic_ncols=True) as bar:
         tracker = _Progress(bar)
         for device in devices:
+            phase = time.perf_counter()
             baselines[device.type] = measure_steps(rows, plan, device, tracker)
+            phases[f"step time ({device.type})"] = time.perf_counter() - phase
             if plan.fresh_first_steps:
+                phase = time.perf_counter()
                 tracker.add(len(rows), f"first steps ({device.type})")
                 for name, row in rows.items():
                     if row["status"] == "ok":
                         row["first_step_s"][device.type], row["upstream_first_step_s"][device.type] = _fresh_first_steps(name, device)
                     tracker.tick()
+                phases[f"first steps ({device.type})"] = time.perf_counter() - phase
+        phase = time.perf_counter()
         task_facts = measure_training(rows, plan, devices[-1], tracker)
+        phases["training"] = time.perf_counter() - phase
     return {
         "rows": list(rows.values()), "tasks": task_facts, "devices": [d.type for d in devices], "baselines": baselines, "train_device": devices[-1].type,
         "plan": {"quick": quick, "timing_params": sum(p.numel() for p in GPT(plan.timing_model).parameters()),
                  "timing_model": [plan.timing_model.hidden_size, plan.timing_model.num_layers, plan.timing_model.max_seq_len],
                  "repeats": plan.repeats, "steps": plan.steps, "batch_size": plan.batch_size, "seq_len": plan.seq_len,
                  "valid_batches": plan.valid_batches, "lr_points": plan.lr_points, "fresh_first_steps": plan.fresh_first_steps},
-        "runtime_s": time.perf_counter() - started,
+        "phase_s": phases, "runtime_s": time.perf_counter() - started,
     }  # fmt: skip
 
 
@@ -480,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: the CPU, and the GPU when there is one")
     parser.add_argument("--only", help="comma-separated registered names (default: every one)")
     parser.add_argument("--quick", action="store_true", help="toy sizes, one lr, 3 steps: the whole pipeline in seconds")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the plan's, 100; --quick: 3)")
     parser.add_argument("--out", help=f"folder for results.json and compare.png (default {DEFAULT_OUT})")
     parser.add_argument("--docs", help=f"markdown file whose marked block gets the table (default: {DOCS} for a full run of every name)")
     parser.add_argument("--no-docs", action="store_true", help="write no markdown file")
@@ -496,15 +507,21 @@ def main(argv: list[str] | None = None) -> int:
         names = _names(args.only)
         require_matplotlib()
         plan = QUICK if args.quick else FULL
+        if args.steps is not None:
+            if args.steps < 1:
+                raise ValueError(f"`--steps`: must be positive; got {args.steps}; expected an integer >= 1")
+            plan = dataclasses.replace(plan, steps=args.steps)
+        docs = None if args.no_docs else Path(args.docs) if args.docs else (DOCS if not args.quick and args.only is None else None)
+        if docs is not None:
+            check_markers(docs)  # before the run, not after ten minutes of it
         results = run(names=names, devices=devices, plan=plan, quick=args.quick, progress=not args.no_progress)
-    except (ValueError, ImportError) as error:
+    except (ValueError, ImportError, OSError) as error:
         print(f"benchmarks.compare: error: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
     results["command"] = " ".join(["python -m benchmarks.compare", *argv])
     results["environment"] = environment(devices[-1])
     out = Path(args.out) if args.out else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
-    docs = None if args.no_docs else Path(args.docs) if args.docs else (DOCS if not args.quick and args.only is None else None)
     plot = (docs.parent / "img" / "compare.png") if docs is not None else out / "compare.png"
     write_plot(results, plot)
     block = render_block(results, plot_link=os.path.relpath(plot, docs.parent) if docs is not None else plot.name)

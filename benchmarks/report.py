@@ -216,19 +216,28 @@ def render_block(results: Row, *, plot_link: str) -> str:
         f"![Training loss per algorithm at its best lr, and step time]({plot_link})",
         "",
     ]  # fmt: skip
+    took = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in results.get("phase_s", {}).items())
+    slowest = sorted(((sum(row.get("train_s", {}).values()), row["name"]) for row in results["rows"]), reverse=True)[:3]
+    lines += [f"Time per phase: {took}; the slowest to train (every lr and task): "
+              + ", ".join(f"{name} {seconds:.0f} s" for seconds, name in slowest) + ".", ""]  # fmt: skip
     notes = _notes(results)
     if notes:
         lines += ["Refusals and n/a cells:", "", *notes, ""]
     return "\n".join(lines)
 
 
-def write_docs(path: Path, block: str) -> None:
-    """Replace what lies between :data:`BEGIN` and :data:`END` in ``path`` with ``block``."""
+def check_markers(path: Path) -> str:
+    """``path``'s text; raises ``ValueError`` unless it holds one :data:`BEGIN` line before one :data:`END` line."""
     text = path.read_text()
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
         raise ValueError(f"`{path}`: no single marked block; got {text.count(BEGIN)} begin and {text.count(END)} end markers; "
                          f"expected one {BEGIN!r} line before one {END!r} line")  # fmt: skip
-    before, rest = text.split(BEGIN)
+    return text
+
+
+def write_docs(path: Path, block: str) -> None:
+    """Replace what lies between :data:`BEGIN` and :data:`END` in ``path`` with ``block``."""
+    before, rest = check_markers(path).split(BEGIN)
     _, after = rest.split(END)
     path.write_text(f"{before}{BEGIN}\n{block.strip()}\n{END}{after}")
 

@@ -141,12 +141,15 @@ def test_docs_block_is_replaced_between_markers(tmp_path: Path) -> None:
     assert (tmp_path / "img" / "compare.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def test_docs_without_markers_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_docs_without_markers_is_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     docs = tmp_path / "page.md"
     docs.write_text("# no markers\n")
-    with pytest.raises(ValueError, match=r"no single marked block; got 0 begin and 0 end markers"):
-        report.write_docs(docs, "table")
-    assert docs.read_text() == "# no markers\n"
+    assert compare.main(["--quick", "--only", "sgd", "--docs", str(docs), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"benchmarks.compare: error: `{docs}`: no single marked block; got 0 begin and 0 end markers; "
+        f"expected one {report.BEGIN!r} line before one {report.END!r} line\n"
+    )
+    assert docs.read_text() == "# no markers\n" and not (tmp_path / "out").exists()
 
 
 def test_unknown_only_name_lists_the_registered_ones(capsys: pytest.CaptureFixture[str]) -> None:
