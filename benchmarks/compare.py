@@ -124,8 +124,11 @@ FULL = Plan(
     timing_model=_gpt(128, 4, 4, 128), repeats=7, gpt=_gpt(128, 2, 4, 64), llama=_llama(64, 2, 4, 64),
     steps=100, batch_size=8, seq_len=64, valid_batches=8,
 )  # fmt: skip
-"""About 10 minutes on 2 CPU cores for ~19 names: the demo's model at half its sequence length, 100
-steps of 8 sequences (the demo: 120 of 16×128), so 6 training runs per name stay a few seconds each."""
+"""Sized for about 10 minutes on 2 quiet CPU cores for ~19 names (an estimate from per-step costs; the
+block records each run's real time per phase): the demo's model at half its sequence length, 100
+steps of 8 sequences (the demo: 120 of 16×128), so 6 training runs per name stay a few seconds each
+for the element-wise algorithms (SOAP-like ones, with an eigendecomposition per matrix per step, take
+about a minute). ``--steps`` trims it."""
 QUICK = Plan(
     timing_model=_gpt(16, 1, 2, 16), repeats=1, gpt=_gpt(16, 1, 2, 16), llama=_llama(16, 1, 2, 16),
     steps=3, batch_size=2, seq_len=16, valid_batches=1, data_bytes=50_000, lr_points=1, fresh_first_steps=False,
@@ -332,7 +335,6 @@ class Task:
     label: str
     build: Callable[[], torch.nn.Module]
     loss: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
-    params: int = 0
 
 
 def _llama_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -353,8 +355,8 @@ def tasks(plan: Plan) -> list[Task]:
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**plan.llama))
 
     return [
-        Task("GPT (built-in task)", gpt, lambda m, b: m.loss(b), sum(p.numel() for p in gpt().parameters())),  # type: ignore[operator]
-        Task("Llama (HF, tiny)", llama, _llama_loss, sum(p.numel() for p in llama().parameters())),
+        Task("GPT (built-in task)", gpt, lambda m, b: m.loss(b)),  # type: ignore[operator]
+        Task("Llama (HF, tiny)", llama, _llama_loss),
     ]
 
 
@@ -407,7 +409,7 @@ def measure_training(rows: dict[str, Row], plan: Plan, device: torch.device, pro
     facts = []
     for task in tasks(plan):
         init = task.build().to(device)
-        facts.append({"label": task.label, "params": task.params})
+        facts.append({"label": task.label, "params": sum(p.numel() for p in init.parameters())})
         for name, row in rows.items():
             spec = get_spec(name)
             grid = lr_grid(spec, plan.lr_points)
