@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test venv bench typecheck
+.PHONY: demo test venv bench compare typecheck
 
 venv:
 	@./scripts/venv.sh
@@ -14,6 +14,10 @@ demo: venv
 test: venv
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# One table and plot for every registered optimizer, written into docs/benchmarks.md (~10 min on 2 CPU cores).
+compare: venv
+	$(PY) -m benchmarks.compare
 
 bench: venv
 	$(PY) -m pytest benchmarks --benchmark-enable -q

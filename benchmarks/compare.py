@@ -1,444 +1,538 @@
-"""The comparison suite: step time, Newton–Schulz throughput, memory and convergence in one run.
+"""One table and one plot for every registered optimizer, from one command.
 
-Run: ``.venv/bin/python -m benchmarks.compare [--device cpu|cuda] [--out DIR] [--quick]`` from a
-source checkout (the installed package does not ship the benchmarks). It prints one table per section,
-writes ``results.json`` (the environment and every number) and four PNG plots to ``--out``
-(default ``benchmarks/results/``). The full run takes about 4 minutes on a quiet 2-core CPU;
-``--quick`` runs the same pipeline on toy sizes in seconds (the test uses it).
+Run from a source checkout (the wheel does not ship ``benchmarks/``)::
 
-1. Step time: every optimizer through ``get_optimizer`` with its realistic routing (the standard
-   overrides; Muon, AdaptiveMuon and SOAP hand embeddings, the output layer and 1-D params to
-   Adam), beside torch's AdamW (foreach, fused), ``torch.optim.Muon`` (torch >= 2.9; 2-D params
-   only, Newton–Schulz always in bf16) + fused AdamW for the rest, and emerging-optimizers'
-   classes driven directly (Muon, AdaptiveMuon and SOAP over the same matrices + fused AdamW for
-   the rest; Lion over everything). Gradients come from a seeded generator (no backward). Each
-   candidate's first call (lazy state, emerging-optimizers' ``torch.compile``) is timed apart and
-   kept out of the medians, which are round-robin (:func:`benchmarks._timing.round_robin_medians`).
-   SOAP (upstream refreshes its eigenbasis every step: ~50x AdamW's step even at 0.9M params on a
-   2-core CPU) runs on the smallest model only.
-2. Newton–Schulz: GFLOP/s (counted by ``FlopCounterMode``) and fraction of plain ``torch.matmul``
-   throughput on the same shapes (helpers of :mod:`benchmarks.bench_newton_schulz`).
-3. Memory: optimizer state and main (master) params in bytes per model parameter, from the
-   actual tensors after one step (as :mod:`benchmarks.bench_precision` counts them).
-4. Convergence: a byte-level GPT trained on the standard library's source (:mod:`optzoo.demo`'s
-   data) by each optimizer from the same init on the same batches, loss against steps and seconds,
-   and a held-out loss at the end. Learning rates: :data:`TRAIN_RUNS`.
+    .venv/bin/python -m benchmarks.compare            # every registered name; rewrites docs/benchmarks.md's table
+    .venv/bin/python -m benchmarks.compare --quick --only adam,muon --out /tmp/cmp   # seconds: checks the pipeline
+
+The names come from :func:`optzoo.optimizers.registry.registered_names` at run time, so an
+algorithm registered later gets its row with no change here. For each name, side by side in one
+process:
+
+- **step time** as a ratio to ``torch.optim.AdamW(fused=True)`` (foreach where fused is not
+  supported), every candidate stepping its own copy of one GPT with fixed seeded gradients, in
+  interleaved rounds (:func:`benchmarks._timing.round_robin_medians`): medians, ratios only;
+- **optimizer state bytes per model parameter**: measured from the real state after the first
+  step, next to the registry record's ``state_bytes`` fact;
+- **first-step seconds** (lazy state and any ``torch.compile``), and where emerging-optimizers'
+  registry holds the same name, that upstream class stepped directly on the params the record
+  takes: the "before" of optzoo's "after". Full runs time each in a fresh process with an empty
+  inductor cache (a user's first run); ``--quick`` times them in this process;
+- **held-out loss** after the training budget on the built-in task (:mod:`optzoo.demo`'s GPT on
+  the standard library's bytes) and on a tiny Hugging Face Llama (random init, same bytes), same
+  init and same batches for every run, at the best of a 3-point lr sweep per algorithm (the grid
+  comes from the record's ``family``).
+
+A name whose optimizer cannot be built on a model (the record or the class raises) gets the row
+``refused: <first line of the message>`` and the run goes on; so does a step that raises
+(``failed: ...``). Params a record hands to its fallback optimizer are counted in the
+``fallback`` column. With a GPU (``--device auto``, the default, or ``cuda``) the step and
+first-step columns are measured on it too and training runs on it; on a CPU those columns read
+``n/a``. Outputs: ``results.json`` and ``compare.png`` in ``--out``; a full run also rewrites the
+table between the markers of ``docs/benchmarks.md`` and its plot ``docs/img/compare.png``
+(``--docs FILE`` elsewhere, ``--no-docs`` not at all).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import json
+import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
-from benchmarks import bench_newton_schulz as ns_bench
 from benchmarks._timing import round_robin_medians
-from benchmarks.report import environment, require_matplotlib, tables, write_report
-from optzoo import OptimizerConfig, get_optimizer
+from benchmarks.report import DOCS, check_markers, environment, render_block, require_matplotlib, write_docs, write_plot
+from optzoo import OptimizerConfig, get_optimizer, resolve_group_configs
 from optzoo.demo import stdlib_bytes
 from optzoo.models import GPT, GPTConfig
 from optzoo.optimizers import _emerging
-from optzoo.optimizers.newton_schulz import (
-    COEFFICIENT_SETS,
-    newton_schulz,
-    newton_schulz_flops,
-)
-from optzoo.optimizers.registry import fused_supported
+from optzoo.optimizers.registry import OptimizerSpec, fused_supported, get_spec, registered_names
 
 Row = dict[str, Any]
-OPTIMIZERS = ("adam", "sgd", "lion", "muon", "adaptive_muon", "soap")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "adam": (1e-3, 3e-3, 1e-2),
+    "sgd": (0.1, 0.3, 1.0),
+    "sign": (1e-4, 3e-4, 1e-3),
+    "orthogonalized": (3e-4, 3e-3, 3e-2),
+    "preconditioned": (1e-3, 3e-3, 1e-2),
+}
+"""lr sweep per record ``family``: 3 points around where that lineage trained best on this task in
+the former suite's 3-5-point sweeps (Adam 3e-3, SGD 1.0, Lion 1e-3, Muon 3e-3, AdaptiveMuon 1e-4,
+SOAP 1e-2). The orthogonalised grid spans two decades because its members disagree by 30x."""
+DEFAULT_LR_GRID = (1e-4, 1e-3, 1e-2)
+"""For a family not listed above."""
+FALLBACK_DECOUPLED_LR = 1e-3
+"""Embeddings and the output layer of a record with a fallback optimizer go to it (AdamW by
+default) at the demo's ``decoupled_lr``; a record without one steps them itself at ``lr / 3``
+(the demo's ratio, 3e-3 to 1e-3)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """Sizes and repeats of one run."""
+    """Sizes and repeats of one run (``FULL`` or ``QUICK``)."""
 
-    models: tuple[tuple[str, GPTConfig, int], ...]
-    """Step-time models: (label, shape, round-robin repeats)."""
-    soap_models: int = 1
-    """SOAP is timed on the first this-many models only (upstream refreshes its eigenbasis every step)."""
-    ns_shapes: tuple[tuple[int, int, int], ...]
-    """Newton–Schulz (batch, rows, cols); ``quintic`` and ``polar_express`` at each."""
-    ns_all_sets_shape: tuple[int, int, int]
-    """Where every coefficient set is timed."""
-    ns_repeats: int
-    """Round-robin repeats per Newton–Schulz shape."""
-    memory_model: GPTConfig
-    """The model whose state is measured (bytes per param barely depend on its size)."""
-    train_model: GPTConfig
-    """The convergence model (byte-level: vocab 256)."""
-    train_steps: int
-    batch_size: int = 16
-    """Sequences per training batch, each ``train_model.max_seq_len + 1`` bytes."""
+    timing_model: GPTConfig
+    """Where step time, state bytes and first steps are measured."""
+    repeats: int
+    """Interleaved rounds of step timing."""
+    gpt: GPTConfig
+    """The built-in task's model: the demo's GPT (byte-level)."""
+    llama: dict[str, Any]
+    """``transformers.LlamaConfig`` arguments of the tiny Llama (byte vocabulary)."""
+    steps: int
+    """Training steps per run (the budget)."""
+    batch_size: int
+    seq_len: int
+    valid_batches: int
     data_bytes: int = 4_000_000
-    """Bytes of the standard library's source to read (``optzoo.demo.stdlib_bytes``); 10% held out."""
-    valid_batches: int = 8
-    """Held-out batches averaged for the final validation loss (the same ones for every optimizer)."""
+    """Bytes of the standard library's source (``optzoo.demo.stdlib_bytes``); the last 10% held out."""
+    lr_points: int = 3
+    """How many points of each grid are swept (1: the middle one)."""
+    fresh_first_steps: bool = True
+    """Time first steps in fresh processes with an empty inductor cache."""
 
 
-def _gpt(hidden: int, layers: int, heads: int, seq: int = 128) -> GPTConfig:
+def _gpt(hidden: int, layers: int, heads: int, seq: int) -> GPTConfig:
     return GPTConfig(hidden_size=hidden, num_layers=layers, num_heads=heads, vocab_size=256, max_seq_len=seq)
 
 
-FULL = Plan(
-    models=(("0.9M", _gpt(128, 4, 4), 7), ("4.9M", _gpt(256, 6, 4), 7), ("19.2M", _gpt(512, 6, 8), 5)),
-    ns_shapes=tuple(ns_bench.SHAPES),
-    ns_all_sets_shape=(1, 1024, 1024),
-    ns_repeats=5,
-    memory_model=_gpt(128, 4, 4),
-    train_model=_gpt(128, 2, 4),  # the demo's model: 0.48M params
-    train_steps=200,
-    valid_batches=16,
-)
-QUICK = Plan(
-    models=(("tiny-a", _gpt(16, 1, 2, 16), 1), ("tiny-b", _gpt(32, 1, 2, 16), 1), ("tiny-c", _gpt(32, 2, 2, 16), 1)),
-    ns_shapes=((1, 16, 32), (2, 16, 16)),
-    ns_all_sets_shape=(1, 16, 32),
-    ns_repeats=1,
-    memory_model=_gpt(16, 1, 2, 16),
-    train_model=_gpt(16, 1, 2, 16),
-    train_steps=4,
-    batch_size=2,
-    data_bytes=50_000,
-    valid_batches=1,
-)
+def _llama(hidden: int, layers: int, heads: int, seq: int) -> dict[str, Any]:
+    return {
+        "vocab_size": 256, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": heads // 2, "max_position_embeddings": seq,
+        "tie_word_embeddings": False,
+    }  # fmt: skip
 
-TRAIN_RUNS: dict[str, dict[str, Any]] = {
-    "adam": {"lr": 3e-3, "decoupled_lr": 1e-3, "weight_decay": 0.1},  # optzoo.demo's AdamW
-    "sgd": {"lr": 1.0, "weight_decay": 0.0},  # torch SGD's decay is L2: at 0.1 it would shrink weights by lr·0.1 a step
-    "lion": {"lr": 1e-3, "decoupled_lr": 1e-3 / 3, "weight_decay": 0.1},
-    "muon": {"lr": 3e-3, "decoupled_lr": 1e-3, "weight_decay": 0.1},  # the demo's: spectral scaling takes AdamW's lr
-    # AdaMuon's second moment makes the orthogonalised update elementwise ~±1 before the spectral
-    # scale, so it wants a far smaller lr; the Adam-routed embeddings keep decoupled_lr=1e-3.
-    "adaptive_muon": {"lr": 1e-4, "decoupled_lr": 1e-3, "weight_decay": 0.1},
-    "soap": {"lr": 1e-2, "decoupled_lr": 1e-2 / 3, "weight_decay": 0.1},
-}
-"""Convergence settings per optimizer: the best held-out loss of an lr sweep (3-5 points, 200 steps)
-on this very task, so each optimizer is shown at its best grid point (docs/benchmarks.md lists the grid)."""
+
+FULL = Plan(
+    timing_model=_gpt(128, 4, 4, 128), repeats=7, gpt=_gpt(128, 2, 4, 64), llama=_llama(64, 2, 4, 64),
+    steps=100, batch_size=8, seq_len=64, valid_batches=8,
+)  # fmt: skip
+"""Sized for about 10 minutes on 2 quiet CPU cores for ~19 names (an estimate from per-step costs; the
+block records each run's real time per phase): the demo's model at half its sequence length, 100
+steps of 8 sequences (the demo: 120 of 16×128), so 6 training runs per name stay a few seconds each
+for the element-wise algorithms (SOAP-like ones, with an eigendecomposition per matrix per step, take
+about a minute). ``--steps`` trims it."""
+QUICK = Plan(
+    timing_model=_gpt(16, 1, 2, 16), repeats=1, gpt=_gpt(16, 1, 2, 16), llama=_llama(16, 1, 2, 16),
+    steps=3, batch_size=2, seq_len=16, valid_batches=1, data_bytes=50_000, lr_points=1, fresh_first_steps=False,
+)  # fmt: skip
+
+
+def lr_grid(spec: OptimizerSpec, points: int) -> tuple[float, ...]:
+    """The lrs swept for ``spec``: its family's grid, or its middle point when ``points`` is 1."""
+    grid = LR_GRIDS.get(spec.family, DEFAULT_LR_GRID)
+    return grid if points >= len(grid) else (grid[len(grid) // 2],)
+
+
+def _config(spec: OptimizerSpec, lr: float, device: torch.device) -> OptimizerConfig:
+    decoupled = FALLBACK_DECOUPLED_LR if spec.fallback_field else lr / 3
+    # bf16 Newton–Schulz is slower than float32 on CPUs (docs/optimizers.md); a GPU gains from it.
+    precision = "highest" if device.type == "cpu" else "medium"
+    return OptimizerConfig(optimizer=spec.name, lr=lr, decoupled_lr=decoupled, weight_decay=0.1, muon_fp32_matmul_prec=precision)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 class _Progress:
-    """One tqdm bar over the whole run; each section adds its units (timed calls, training steps)."""
-
     def __init__(self, bar: tqdm[Any]) -> None:
         self.bar = bar
 
-    def add(self, units: int, section: str) -> None:
+    def add(self, units: int, what: str) -> None:
         self.bar.total = (self.bar.total or 0) + units
-        self.bar.set_description(section)
+        self.bar.set_description(what)
         self.bar.refresh()
 
-    def tick(self) -> None:
-        self.bar.update(1)
+    def tick(self, units: int = 1) -> None:
+        self.bar.update(units)
 
 
-class _Timed:
-    """A step that ticks the progress bar and remembers its first call's duration."""
-
-    def __init__(self, step: Callable[[], object], progress: _Progress, device: torch.device) -> None:
-        self.step, self.progress, self.device, self.first_s = step, progress, device, float("nan")
-
-    def __call__(self) -> object:
-        started = time.perf_counter()
-        result = self.step()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if self.first_s != self.first_s:  # nan: the first call
-            self.first_s = time.perf_counter() - started
-        self.progress.tick()
-        return result
+# --- step time, state bytes, first steps -----------------------------------------------------------
 
 
-# --- 1. step time ------------------------------------------------------------------------------
-
-
-def _model_with_grads(config: GPTConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> GPT:
+def _with_grads(config: GPTConfig, device: torch.device) -> GPT:
     torch.manual_seed(0)
-    model = GPT(config).to(device=device, dtype=dtype)
+    return _seeded_grads(GPT(config).to(device))
+
+
+def _seeded_grads(model: GPT) -> GPT:
+    """The same gradients on every copy (``copy.deepcopy`` does not copy ``.grad``)."""
     generator = torch.Generator().manual_seed(1)
     for param in model.parameters():
-        param.grad = (torch.randn(param.shape, generator=generator) * 1e-3).to(device=device, dtype=dtype)
+        param.grad = (torch.randn(param.shape, generator=generator) * 1e-3).to(param.device)
     return model
 
 
-def _groups(opt: torch.optim.Optimizer, *keys: str, optimizer: str | None = None) -> list[dict[str, Any]]:
-    """``opt``'s groups (optionally those routed to ``optimizer``) for a baseline built by hand."""
+def _timed_step(step: Callable[[], object], device: torch.device) -> float:
+    started = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def state_bytes_per_param(optimizer: torch.optim.Optimizer, model: torch.nn.Module, config: OptimizerConfig) -> tuple[float, float]:
+    """(measured, record) optimizer state bytes per model param: the tensors in the state after a
+    step, and the sum of each param's record ``state_bytes`` under the routing ``get_optimizer`` used."""
+    count = sum(p.numel() for p in model.parameters())
+    state = optimizer.state_dict()["state"]
+    measured = sum(v.nbytes for s in state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    groups, _ = resolve_group_configs(config, model)
+    record = 0
+    for group in groups:
+        spec = get_spec(group.config.optimizer)
+        fields = {name: getattr(group.config, name) for name in spec.config_fields}
+        record += sum(spec.state_bytes(tuple(r.param.shape), fields, torch.float32) for r in group.params)
+    return measured / count, record / count
+
+
+def fallback_share(spec: OptimizerSpec, model: torch.nn.Module, config: OptimizerConfig) -> str:
+    """Which params the routing hands to other optimizers than ``spec``'s: ``"adam: 5/13 (12%)"``."""
+    groups, _ = resolve_group_configs(config, model)
+    total = sum(p.numel() for p in model.parameters())
+    others: dict[str, list[int]] = {}
+    for group in groups:
+        if group.config.optimizer != spec.name:
+            sizes = others.setdefault(group.config.optimizer, [0, 0])
+            sizes[0] += len(group.params)
+            sizes[1] += sum(r.param.numel() for r in group.params)
+    count = len(list(model.parameters()))
+    return ", ".join(f"{name}: {n}/{count} params ({100 * numel / total:.0f}%)" for name, (n, numel) in others.items()) or "-"
+
+
+def _upstream_optimizer(spec: OptimizerSpec, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """emerging-optimizers' class of the same registry name, as upstream ships it, over the groups
+    ``optimizer`` (optzoo's, not stepped) gives ``spec``; ``None`` when upstream has no such name."""
+    import inspect
+
+    cls = _emerging.upstream_registered_class(spec.name)
+    if cls is None:
+        return None
+    inner = [g for opt in optimizer.optimizers for g in opt.param_groups if g.get("optimizer") == spec.name]  # type: ignore[attr-defined]
+    groups = [{k: v for k, v in g.items() if k not in ("param_names", "matrix_views")} for g in inner]
+    accepted = inspect.signature(cls).parameters
+    options = {k: v for k, v in groups[0].items() if k in accepted and k != "params"}
+    return cls(groups, **options)
+
+
+def first_step_seconds(name: str, device: torch.device, plan: Plan, *, upstream: bool) -> float | str | None:
+    """Seconds of the first step of ``name`` (``upstream``: of emerging-optimizers' class of that
+    name) on ``plan``'s timing model; a string says why it could not run, ``None``: no upstream class."""
+    spec = get_spec(name)
+    model = _with_grads(plan.timing_model, device)
+    try:
+        optimizer = get_optimizer(_config(spec, 1e-3, device), model)
+        if upstream:
+            optimizer = _upstream_optimizer(spec, optimizer)  # type: ignore[assignment]
+            if optimizer is None:
+                return None
+        return _timed_step(optimizer.step, device)
+    except Exception as error:  # noqa: BLE001  # a row, not a crash: the reason goes in the table
+        return f"n/a: {_first_line(error)}"
+
+
+def _fresh_first_steps(name: str, device: torch.device) -> tuple[float | str | None, float | str | None]:
+    """(optzoo, upstream) :func:`first_step_seconds` in one new process with an empty inductor
+    cache, a user's first run. optzoo's goes first: where both use one compiled kernel (on a GPU),
+    upstream's may then find it compiled, which favours "before", never "after"."""
+    argv = [sys.executable, "-m", "benchmarks.compare", "--first-step", name, "--device", device.type]
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    try:
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        return result["optzoo"], result["upstream"]
+    except (IndexError, ValueError, KeyError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        failed = f"n/a: worker exited {done.returncode}: {tail}"
+        return failed, failed
+
+
+def measure_steps(rows: dict[str, Row], plan: Plan, device: torch.device, progress: _Progress) -> str:
+    """Step-time ratios to AdamW(fused) on ``device`` (and on the first device, state bytes and
+    fallbacks) into ``rows``; a name that cannot be built is marked refused. Returns the baseline's name."""
+    base = _with_grads(plan.timing_model, device)
+    kernel = "fused" if fused_supported(list(base.parameters())) else "foreach"
+    adamw_model = _seeded_grads(copy.deepcopy(base))
+    adamw = torch.optim.AdamW(adamw_model.parameters(), lr=1e-3, weight_decay=0.1, **{kernel: True})  # type: ignore[arg-type]
+    baseline_name = f"AdamW({kernel})"
+    steps: dict[str, Callable[[], object]] = {baseline_name: adamw.step}
+    progress.add(len(rows) * (plan.repeats + 2), f"step time ({device.type})")
+    for name, row in rows.items():
+        if row["status"] != "ok":
+            progress.tick(plan.repeats + 2)
+            continue
+        spec, model = get_spec(name), _seeded_grads(copy.deepcopy(base))
+        try:
+            config = _config(spec, 1e-3, device)
+            optimizer = get_optimizer(config, model)
+        except Exception as error:  # noqa: BLE001  # a row, not a crash
+            row["status"] = f"refused: {_first_line(error)}"
+            progress.tick(plan.repeats + 2)
+            continue
+        try:
+            first = _timed_step(optimizer.step, device)
+        except Exception as error:  # noqa: BLE001
+            row["status"] = f"failed: first step: {_first_line(error)}"
+            progress.tick(plan.repeats + 2)
+            continue
+        if not plan.fresh_first_steps:
+            row["first_step_s"][device.type] = first
+            row["upstream_first_step_s"][device.type] = first_step_seconds(name, device, plan, upstream=True)
+        if "state_measured" not in row:
+            row["state_measured"], row["state_record"] = state_bytes_per_param(optimizer, model, config)
+            row["fallback"] = fallback_share(spec, model, config)
+        steps[name] = _ticking(optimizer.step, progress)
+        progress.tick(2)
+    row_names = [n for n in steps if n in rows]
+    try:
+        medians = round_robin_medians(steps, plan.repeats)
+    except Exception as error:  # noqa: BLE001  # rare: a step that raises after its first one
+        for name in row_names:
+            rows[name]["step_ratio"][device.type] = f"n/a: {_first_line(error)}"
+        return baseline_name
+    baseline = medians.pop(baseline_name)
+    for name in row_names:
+        rows[name]["step_ratio"][device.type] = medians[name] / baseline
+    return baseline_name
+
+
+def _ticking(step: Callable[[], object], progress: _Progress) -> Callable[[], object]:
+    def stepped() -> object:
+        result = step()
+        progress.tick()
+        return result
+
+    return stepped
+
+
+# --- training --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """A model (same init every run) and its loss on a batch of byte sequences."""
+
+    label: str
+    build: Callable[[], torch.nn.Module]
+    loss: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _llama_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=batch[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+
+
+def tasks(plan: Plan) -> list[Task]:
+    """The built-in task (the demo's GPT) and the tiny Llama."""
+    import transformers
+
+    def gpt() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return GPT(plan.gpt)
+
+    def llama() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**plan.llama))
+
     return [
-        {"params": g["params"], "lr": g["lr"], "weight_decay": g["weight_decay"], **{k: g[k] for k in keys}}
-        for g in opt.param_groups
-        if optimizer is None or g["optimizer"] == optimizer
+        Task("GPT (built-in task)", gpt, lambda m, b: m.loss(b)),  # type: ignore[operator]
+        Task("Llama (HF, tiny)", llama, _llama_loss),
     ]
 
 
-def _paired(*opts: torch.optim.Optimizer) -> Callable[[], object]:
-    return lambda: [opt.step() for opt in opts]
-
-
-def _step_candidates(model: GPT, device: torch.device, *, soap: bool) -> dict[str, tuple[str, Callable[[], object]]]:
-    """``{name: (source, step)}``; baselines get the same params, lrs and decay as optzoo's groups."""
-    precision = "highest" if device.type == "cpu" else "medium"  # bf16 Newton–Schulz gains nothing on CPU
-    base = OptimizerConfig(lr=1e-3, weight_decay=0.1, clip_grad=0.0, muon_fp32_matmul_prec=precision)
-    ours = {name: get_optimizer(base.replace(optimizer=name), model) for name in OPTIMIZERS if soap or name != "soap"}
-    kernel = {"fused": True} if fused_supported(list(model.parameters())) else {"foreach": True}
-
-    def adamw_rest(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(_groups(opt, "betas", "eps", optimizer="adam"), **kernel)  # type: ignore[arg-type]
-
-    def matrices(opt: torch.optim.Optimizer, name: str) -> tuple[list[torch.Tensor], dict[str, Any]]:
-        (group,) = _groups(opt, optimizer=name)  # one lr and decay for every hidden matrix here
-        return group["params"], {"lr": group["lr"], "weight_decay": group["weight_decay"]}
-
-    upstream = {"momentum": 0.95, "fp32_matmul_prec": precision}
-    muon_params, muon_hp = matrices(ours["muon"], "muon")
-    ada_params, ada_hp = matrices(ours["adaptive_muon"], "adaptive_muon")
-    out: dict[str, tuple[str, Callable[[], object]]] = {
-        "optzoo adam": ("optzoo", ours["adam"].step),
-        "torch AdamW foreach": ("torch", torch.optim.AdamW(_groups(ours["adam"], "betas", "eps"), foreach=True).step),
-    }
-    if "fused" in kernel:
-        out["torch AdamW fused"] = ("torch", torch.optim.AdamW(_groups(ours["adam"], "betas", "eps"), fused=True).step)
-    out["optzoo sgd"] = ("optzoo", ours["sgd"].step)
-    out["optzoo lion"] = ("optzoo", ours["lion"].step)
-    out["emerging Lion"] = ("emerging-optimizers", _emerging.lion(_groups(ours["lion"], "betas")).step)
-    out["optzoo muon"] = ("optzoo", ours["muon"].step)
-    if hasattr(torch.optim, "Muon"):  # torch >= 2.9; 2-D only, Newton–Schulz always in bf16
-        torch_muon = torch.optim.Muon(muon_params, momentum=0.95, nesterov=False, **muon_hp)
-        out["torch Muon + AdamW"] = ("torch", _paired(torch_muon, adamw_rest(ours["muon"])))
-    out["emerging Muon + AdamW"] = (
-        "emerging-optimizers", _paired(_emerging.muon(muon_params, **muon_hp, **upstream), adamw_rest(ours["muon"])),
-    )  # fmt: skip
-    out["optzoo adaptive_muon"] = ("optzoo", ours["adaptive_muon"].step)
-    out["emerging AdaptiveMuon + AdamW"] = (
-        "emerging-optimizers",
-        _paired(_emerging.adaptive_muon(ada_params, **ada_hp, **upstream), adamw_rest(ours["adaptive_muon"])),
-    )
-    if soap:
-        soap_groups = _groups(ours["soap"], "betas", "eps", "shampoo_beta", optimizer="soap")
-        out["optzoo soap"] = ("optzoo", ours["soap"].step)
-        out["emerging SOAP + AdamW"] = (
-            "emerging-optimizers", _paired(_emerging.soap(soap_groups, use_kl_shampoo=True), adamw_rest(ours["soap"])),
-        )  # fmt: skip
-    return out
-
-
-def step_times(plan: Plan, device: torch.device, progress: _Progress) -> list[Row]:
-    """One row per (model, candidate): median and first-call ms, and the ratio to torch AdamW foreach."""
-    rows: list[Row] = []
-    for index, (label, config, repeats) in enumerate(plan.models):
-        model = _model_with_grads(config, device)
-        size = sum(p.numel() for p in model.parameters())
-        candidates = _step_candidates(model, device, soap=index < plan.soap_models)
-        progress.add(len(candidates) * (repeats + 2), f"step time {label}")
-        timed = {name: _Timed(step, progress, device) for name, (_, step) in candidates.items()}
-        for step in timed.values():
-            step()  # the first call alone: lazy state, torch.compile
-        medians = round_robin_medians(timed, repeats)
-        baseline = medians["torch AdamW foreach"]
-        for name, (source, _) in candidates.items():
-            rows.append({
-                "model": label, "hidden": config.hidden_size, "layers": config.num_layers, "params": size,
-                "candidate": name, "source": source, "repeats": repeats, "median_ms": medians[name] * 1e3,
-                "first_call_ms": timed[name].first_s * 1e3, "vs_torch_adamw_foreach": medians[name] / baseline,
-            })  # fmt: skip
-        del candidates, timed, model
-    return rows
-
-
-# --- 2. Newton–Schulz ---------------------------------------------------------------------------
-
-
-def newton_schulz_rates(plan: Plan, device: torch.device, progress: _Progress) -> list[Row]:
-    """One row per (shape, implementation): ms, counted GFLOP, GFLOP/s and fraction of ``torch.matmul``."""
-    rows: list[Row] = []
-    for shape in plan.ns_shapes:
-        torch.manual_seed(0)
-        x = torch.randn(shape, device=device)
-        sets = tuple(COEFFICIENT_SETS) if shape == plan.ns_all_sets_shape else ("quintic", "polar_express")
-        candidates: dict[str, tuple[str, Callable[[], object]]] = {
-            f"ours {name}": (name, lambda x=x, name=name: newton_schulz(x, steps=5, coefficient_type=name))  # type: ignore[misc]
-            for name in sets
-        }
-        candidates["upstream quintic"] = ("quintic", ns_bench._upstream(x, 5, "quintic", "highest"))
-        mm, mm_flops = ns_bench._mm_step(x)
-        progress.add((len(candidates) + 1) * (plan.ns_repeats + 1) + len(candidates), f"Newton–Schulz {shape}")
-        flops = {name: ns_bench._flops(step) for name, (_, step) in candidates.items()}
-        for _ in candidates:
-            progress.tick()
-        timed = {"torch.matmul": _Timed(mm, progress, device)} | {n: _Timed(s, progress, device) for n, (_, s) in candidates.items()}
-        medians = round_robin_medians(timed, plan.ns_repeats)
-        mm_rate = mm_flops / medians["torch.matmul"] / 1e9
-        standard = newton_schulz_flops(*shape[1:], steps=5, variant="standard", batch=shape[0])
-        label = "×".join(map(str, shape if shape[0] > 1 else shape[1:]))
-        rows.append({"shape": label, "implementation": "torch.matmul (one step's products)", "coefficients": "-",
-                     "median_ms": medians["torch.matmul"] * 1e3, "gflop": mm_flops / 1e9, "gflops": mm_rate,
-                     "fraction_of_mm": 1.0, "effective_gflops": mm_rate})  # fmt: skip
-        for name, (coefficients, _) in candidates.items():
-            rate = flops[name] / medians[name] / 1e9
-            rows.append({"shape": label, "implementation": name.split()[0], "coefficients": coefficients,
-                         "median_ms": medians[name] * 1e3, "gflop": flops[name] / 1e9, "gflops": rate,
-                         "fraction_of_mm": rate / mm_rate, "effective_gflops": standard / medians[name] / 1e9})  # fmt: skip
-    return rows
-
-
-# --- 3. memory ------------------------------------------------------------------------------------
-
-_PA = {"bf16": True, "use_precision_aware_optimizer": True}
-_BF16_MOMENTS = {"exp_avg_dtype": torch.bfloat16, "exp_avg_sq_dtype": torch.bfloat16}
-PRECISIONS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
-    ("fp32", {}, OPTIMIZERS),
-    ("bf16, fp32 main params", {"bf16": True}, OPTIMIZERS),
-    ("bf16 precision-aware, fp32 master", {**_PA, "store_param_remainders": False}, ("adam",)),
-    ("bf16 precision-aware, fp32 master, bf16 moments", {**_PA, "store_param_remainders": False, **_BF16_MOMENTS}, ("adam",)),
-    ("bf16 precision-aware, param remainders", _PA, ("adam",)),
-    ("bf16 precision-aware, param remainders, bf16 moments", {**_PA, **_BF16_MOMENTS}, ("adam",)),
-)
-"""(label, config fields, optimizers it applies to); precision-aware settings exist for Adam only."""
-
-
-def state_bytes(opt: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[float, float]:
-    """(optimizer state, main params) bytes per model param. Main: copies in the groups that are not
-    model params, plus precision-aware Adam's ``master_param`` (fp32 copy or int16 remainder).
-    Their sum is :func:`benchmarks.bench_precision._bytes_per_param`."""
-    model_ids = {id(p) for p in model.parameters()}
-    tensors = [(k, v) for s in opt.state.values() for k, v in s.items() if torch.is_tensor(v) and k != "step"]
-    master = sum(v.numel() * v.element_size() for k, v in tensors if k == "master_param")
-    state = sum(v.numel() * v.element_size() for k, v in tensors if k != "master_param")
-    mains = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"] if id(p) not in model_ids)
-    count = sum(p.numel() for p in model.parameters())
-    return state / count, (mains + master) / count
-
-
-def memory(plan: Plan, device: torch.device, progress: _Progress) -> list[Row]:
-    """One row per (optimizer, precision): bytes per param after one step."""
-    cases = [(label, fields, name) for label, fields, names in PRECISIONS for name in names]
-    progress.add(len(cases), "memory")
-    precision = "highest" if device.type == "cpu" else "medium"
-    rows: list[Row] = []
-    for label, fields, name in cases:
-        dtype = torch.bfloat16 if fields.get("bf16") else torch.float32
-        model = _model_with_grads(plan.memory_model, device, dtype)
-        config = OptimizerConfig(optimizer=name, lr=1e-3, weight_decay=0.1, muon_fp32_matmul_prec=precision, **fields)
-        opt = get_optimizer(config, model)
-        opt.step()
-        state, main = state_bytes(opt, model)
-        weights = torch.finfo(dtype).bits / 8
-        rows.append({"optimizer": name, "precision": label, "model_weights": weights, "state": state,
-                     "main_params": main, "state_plus_main": state + main, "total_with_weights": weights + state + main})  # fmt: skip
-        progress.tick()
-    return rows
-
-
-# --- 4. convergence --------------------------------------------------------------------------------
-
-
-def _batches(source: torch.Tensor, plan: Plan, seed: int) -> Iterable[torch.Tensor]:
+def _batches(source: torch.Tensor, plan: Plan, count: int, seed: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    seq = plan.train_model.max_seq_len
-    while True:
-        starts = torch.randint(len(source) - seq - 1, (plan.batch_size,), generator=generator).tolist()
-        yield torch.stack([source[s : s + seq + 1] for s in starts])
+    starts = torch.randint(len(source) - plan.seq_len - 1, (count, plan.batch_size), generator=generator)
+    return [torch.stack([source[s : s + plan.seq_len + 1] for s in row.tolist()]) for row in starts]
 
 
-def _train_one(name: str, plan: Plan, device: torch.device, train: torch.Tensor, valid: torch.Tensor, progress: _Progress) -> Row:
-    precision = "highest" if device.type == "cpu" else "medium"
-    config = OptimizerConfig(optimizer=name, muon_fp32_matmul_prec=precision, **TRAIN_RUNS[name])
-    torch.manual_seed(0)
-    model = GPT(plan.train_model).to(device)
-    warm = copy.deepcopy(model)  # one step on a throwaway copy: compile and lazy init stay off the clock
-    warm.loss(next(iter(_batches(train, plan, 99))).to(device)).backward()  # type: ignore[no-untyped-call]
-    get_optimizer(config, warm).step()
-    optimizer = get_optimizer(config, model)
-    losses, elapsed = [], []
-    started = time.perf_counter()
-    for _, batch in zip(range(plan.train_steps), _batches(train, plan, 0)):
-        loss = model.loss(batch.to(device))
-        optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-        losses.append(loss.item())  # .item() synchronises a GPU
-        elapsed.append(time.perf_counter() - started)
+def train_one(spec: OptimizerSpec, lr: float, task: Task, init: torch.nn.Module, data: tuple[list[torch.Tensor], list[torch.Tensor]],
+              device: torch.device, progress: _Progress) -> Row:  # fmt: skip
+    """One run: ``{"valid": held-out loss or nan, "curve": train losses, "status"}``."""
+    train, valid = data
+    model = copy.deepcopy(init)
+    try:
+        optimizer = get_optimizer(_config(spec, lr, device), model)
+    except Exception as error:  # noqa: BLE001  # a cell, not a crash
+        progress.tick(len(train))
+        return {"lr": lr, "valid": math.nan, "curve": [], "status": f"refused: {_first_line(error)}"}
+    curve: list[float] = []
+    status = "ok"
+    for index, batch in enumerate(train):
+        try:
+            loss = task.loss(model, batch.to(device))
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+        except Exception as error:  # noqa: BLE001
+            status = f"failed: step {index + 1}: {_first_line(error)}"
+            break
+        curve.append(loss.item())
         progress.tick()
+        if not math.isfinite(curve[-1]):
+            status = "diverged"
+            break
+    progress.tick(len(train) - len(curve))
+    if status != "ok":
+        return {"lr": lr, "valid": math.nan, "curve": curve, "status": status}
     with torch.no_grad():
-        held_out = [model.loss(b.to(device)).item() for _, b in zip(range(plan.valid_batches), _batches(valid, plan, 1))]
-    return {"optimizer": name, "settings": {k: v for k, v in TRAIN_RUNS[name].items()}, "train_loss": losses,
-            "elapsed_s": elapsed, "valid_loss": sum(held_out) / len(held_out), "ms_per_step": elapsed[-1] / len(elapsed) * 1e3}  # fmt: skip
+        held_out = sum(task.loss(model, b.to(device)).item() for b in valid) / len(valid)
+    return {"lr": lr, "valid": held_out if math.isfinite(held_out) else math.nan, "curve": curve,
+            "status": "ok" if math.isfinite(held_out) else "diverged"}  # fmt: skip
 
 
-def convergence(plan: Plan, device: torch.device, progress: _Progress) -> list[Row]:
+def measure_training(rows: dict[str, Row], plan: Plan, device: torch.device, progress: _Progress) -> list[Row]:
+    """Every ok row's sweep on every task, into ``row["tasks"][label]``; returns the tasks' facts."""
     data = stdlib_bytes(plan.data_bytes)
     split = int(0.9 * len(data))
-    progress.add(len(OPTIMIZERS) * plan.train_steps, "convergence")
-    return [_train_one(name, plan, device, data[:split], data[split:], progress) for name in OPTIMIZERS]
+    batches = (_batches(data[:split], plan, plan.steps, 0), _batches(data[split:], plan, plan.valid_batches, 1))
+    facts = []
+    for task in tasks(plan):
+        init = task.build().to(device)
+        facts.append({"label": task.label, "params": sum(p.numel() for p in init.parameters())})
+        for name, row in rows.items():
+            spec = get_spec(name)
+            grid = lr_grid(spec, plan.lr_points)
+            progress.add(len(grid) * plan.steps, f"{task.label}: {name}")
+            if row["status"] != "ok":
+                progress.tick(len(grid) * plan.steps)
+                continue
+            started = time.perf_counter()
+            runs = [train_one(spec, lr, task, init, batches, device, progress) for lr in grid]
+            row["train_s"][task.label] = time.perf_counter() - started
+            finite = [run for run in runs if math.isfinite(run["valid"])]
+            best = min(finite, key=lambda run: run["valid"]) if finite else None
+            row["tasks"][task.label] = {"grid": list(grid), "runs": runs, "best_lr": best["lr"] if best else None}
+    return facts
 
 
-def run_suite(*, device: str | None = None, out: str | Path | None = None, quick: bool = False, progress: bool = True) -> Row:
-    """Run the four sections, print their tables, write ``results.json`` and the PNGs; return the results.
+# --- the run ---------------------------------------------------------------------------------------
 
-    Raises:
-        ValueError: ``device`` is not ``cpu`` or ``cuda``, or is ``cuda`` without a GPU.
-        ImportError: matplotlib is missing.
-    """
-    name = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda") or (name == "cuda" and not torch.cuda.is_available()):
-        raise ValueError(f"`--device`: unavailable; got {name!r}; expected 'cpu'" + (" or 'cuda'" if torch.cuda.is_available() else ""))
-    require_matplotlib()
-    dev, plan = torch.device(name), QUICK if quick else FULL
-    target = Path(out) if out is not None else DEFAULT_OUT
+
+def _devices(choice: str) -> list[torch.device]:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("`--device`: unavailable; got 'cuda'; expected 'cpu' or 'auto' (no GPU here)")
+    gpu = choice in ("cuda", "auto") and torch.cuda.is_available()
+    return [torch.device("cpu"), *([torch.device("cuda")] if gpu else [])]
+
+
+def _names(only: str | None) -> list[str]:
+    names = registered_names()
+    if only is None:
+        return names
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in names]
+    if unknown or not wanted:
+        raise ValueError(f"`--only`: unknown optimizer names; got {unknown or only!r}; expected a comma-separated subset of {names}")
+    return wanted
+
+
+def run(*, names: list[str], devices: list[torch.device], plan: Plan, quick: bool, progress: bool = True) -> Row:
+    """Measure every name; returns the results (``rows`` in ``names``' order, ``plan``, ``tasks``)."""
     started = time.perf_counter()
-    results: Row = {
-        "environment": environment(dev),
-        "plan": {
-            "quick": quick, "models": [[label, c.hidden_size, c.num_layers, c.num_heads, repeats] for label, c, repeats in plan.models],
-            "soap_models": plan.soap_models, "ns_repeats": plan.ns_repeats, "memory_params": sum(p.numel() for p in GPT(plan.memory_model).parameters()),
-            "train_params": sum(p.numel() for p in GPT(plan.train_model).parameters()), "train_steps": plan.train_steps,
-            "batch_size": plan.batch_size, "train_seq_len": plan.train_model.max_seq_len, "data_bytes": plan.data_bytes,
-        },
-    }  # fmt: skip
+    rows: dict[str, Row] = {}
+    baselines: dict[str, str] = {}
+    phases: dict[str, float] = {}
+    for name in names:
+        spec = get_spec(name)
+        rows[name] = {"name": name, "family": spec.family, "source": spec.source, "status": "ok", "step_ratio": {},
+                      "first_step_s": {}, "upstream_first_step_s": {}, "tasks": {}, "train_s": {}, "fallback": "-",
+                      "lr_grid": list(lr_grid(spec, plan.lr_points))}  # fmt: skip
     with tqdm(total=0, disable=not progress, unit="step", dynamic_ncols=True) as bar:
         tracker = _Progress(bar)
-        sections: list[tuple[str, Callable[[Plan, torch.device, _Progress], list[Row]]]] = [
-            ("step_time", step_times), ("newton_schulz", newton_schulz_rates), ("memory", memory), ("convergence", convergence),
-        ]  # fmt: skip
-        results["section_s"] = {}
-        for key, section in sections:
-            section_started = time.perf_counter()
-            results[key] = section(plan, dev, tracker)
-            results["section_s"][key] = time.perf_counter() - section_started
-    results["runtime_s"] = time.perf_counter() - started
-    write_report(results, target)
-    env = results["environment"]
-    print(f"benchmarks.compare on {env['device_name']} ({env['device']}, {env['threads']} threads), torch {env['torch']}, "
-          f"{'quick' if quick else 'full'} plan")  # fmt: skip
-    for table in tables(results):
-        print(f"\n{table}")
-    took = ", ".join(f"{key} {seconds:.0f} s" for key, seconds in results["section_s"].items())
-    print(f"\nwrote {target / 'results.json'} and {', '.join(results['plots'])}; {results['runtime_s']:.0f} s ({took})")
-    return results
+        for device in devices:
+            phase = time.perf_counter()
+            baselines[device.type] = measure_steps(rows, plan, device, tracker)
+            phases[f"step time ({device.type})"] = time.perf_counter() - phase
+            if plan.fresh_first_steps:
+                phase = time.perf_counter()
+                tracker.add(len(rows), f"first steps ({device.type})")
+                for name, row in rows.items():
+                    if row["status"] == "ok":
+                        row["first_step_s"][device.type], row["upstream_first_step_s"][device.type] = _fresh_first_steps(name, device)
+                    tracker.tick()
+                phases[f"first steps ({device.type})"] = time.perf_counter() - phase
+        phase = time.perf_counter()
+        task_facts = measure_training(rows, plan, devices[-1], tracker)
+        phases["training"] = time.perf_counter() - phase
+    return {
+        "rows": list(rows.values()), "tasks": task_facts, "devices": [d.type for d in devices], "baselines": baselines, "train_device": devices[-1].type,
+        "plan": {"quick": quick, "timing_params": sum(p.numel() for p in GPT(plan.timing_model).parameters()),
+                 "timing_model": [plan.timing_model.hidden_size, plan.timing_model.num_layers, plan.timing_model.max_seq_len],
+                 "repeats": plan.repeats, "steps": plan.steps, "batch_size": plan.batch_size, "seq_len": plan.seq_len,
+                 "valid_batches": plan.valid_batches, "lr_points": plan.lr_points, "fresh_first_steps": plan.fresh_first_steps},
+        "phase_s": phases, "runtime_s": time.perf_counter() - started,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the suite from the command line; returns the exit status (2 with a one-line error)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--quick", action="store_true", help="toy sizes: the whole pipeline in seconds")
+    """The command line; returns the exit status (2 with a one-line error)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: the CPU, and the GPU when there is one")
+    parser.add_argument("--only", help="comma-separated registered names (default: every one)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes, one lr, 3 steps: the whole pipeline in seconds")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the plan's, 100; --quick: 3)")
+    parser.add_argument("--out", help=f"folder for results.json and compare.png (default {DEFAULT_OUT})")
+    parser.add_argument("--docs", help=f"markdown file whose marked block gets the table (default: {DOCS} for a full run of every name)")
+    parser.add_argument("--no-docs", action="store_true", help="write no markdown file")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--first-step", help=argparse.SUPPRESS)  # the fresh-process worker of _fresh_first_step
     args = parser.parse_args(argv)
     try:
-        run_suite(device=args.device, out=args.out, quick=args.quick)
-    except (ValueError, ImportError) as error:
+        devices = _devices(args.device)
+        if args.first_step:
+            device = devices[-1] if args.device != "cpu" else devices[0]
+            ours = first_step_seconds(args.first_step, device, FULL, upstream=False)
+            print(json.dumps({"optzoo": ours, "upstream": first_step_seconds(args.first_step, device, FULL, upstream=True)}))
+            return 0
+        names = _names(args.only)
+        require_matplotlib()
+        plan = QUICK if args.quick else FULL
+        if args.steps is not None:
+            if args.steps < 1:
+                raise ValueError(f"`--steps`: must be positive; got {args.steps}; expected an integer >= 1")
+            plan = dataclasses.replace(plan, steps=args.steps)
+        docs = None if args.no_docs else Path(args.docs) if args.docs else (DOCS if not args.quick and args.only is None else None)
+        if docs is not None:
+            check_markers(docs)  # before the run, not after ten minutes of it
+        results = run(names=names, devices=devices, plan=plan, quick=args.quick, progress=not args.no_progress)
+    except (ValueError, ImportError, OSError) as error:
         print(f"benchmarks.compare: error: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
+    results["command"] = " ".join(["python -m benchmarks.compare", *argv])
+    results["environment"] = environment(devices[-1])
+    out = Path(args.out) if args.out else DEFAULT_OUT
+    out.mkdir(parents=True, exist_ok=True)
+    plot = (docs.parent / "img" / "compare.png") if docs is not None else out / "compare.png"
+    write_plot(results, plot)
+    block = render_block(results, plot_link=os.path.relpath(plot, docs.parent) if docs is not None else plot.name)
+    (out / "table.md").write_text(block)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    if docs is not None:
+        write_docs(docs, block)
+    print(block)
+    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {plot}" + (f" and {docs}" if docs else "") + f"; {results['runtime_s']:.0f} s")
     return 0
 
 

@@ -1,16 +1,15 @@
-"""The report of the comparison suite: environment record, tables and PNG plots of one run.
+"""The report of ``benchmarks.compare``: environment record, markdown table, docs block and plot.
 
-The suite itself (the measurements) is :mod:`benchmarks.compare`; this module only renders its
-results dict, whose keys are ``environment``, ``plan``, ``step_time``,
-``newton_schulz``, ``memory`` and ``convergence`` (lists of flat rows, one per measurement; see
-that module), ``runtime_s`` and ``plots``. matplotlib is optional: ``pip install 'optzoo[bench]'``.
+The measurements are :mod:`benchmarks.compare`'s; this module only renders its results dict
+(``rows``, one per algorithm; ``tasks``; ``plan``; ``devices``; ``baselines``; ``command``;
+``environment``; ``runtime_s``). matplotlib is optional: ``pip install 'optzoo[bench]'``.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import json
+import math
 import os
 import platform
 import subprocess
@@ -21,8 +20,12 @@ import torch
 from tabulate import tabulate
 
 Row = dict[str, Any]
-PLOTS = ("convergence_steps.png", "convergence_time.png", "step_time.png", "newton_schulz.png")
-"""The files :func:`write_plots` writes, in order."""
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+"""The page whose marked block a full run rewrites."""
+BEGIN = "<!-- benchmarks.compare:begin -->"
+END = "<!-- benchmarks.compare:end -->"
+GPU_COLUMNS = ("cuda",)
+"""Devices that always get their columns, ``n/a`` where the run had no such device."""
 
 
 def _smooth(values: list[float], window: int = 10) -> list[float]:
@@ -65,46 +68,6 @@ def environment(device: torch.device) -> Row:
     }  # fmt: skip
 
 
-def tables(results: Row) -> list[str]:
-    """The four sections as tabulate tables."""
-    steps, labels = results["step_time"], [label for label, *_ in results["plan"]["models"]]
-    by_name: dict[str, dict[str, Row]] = {}
-    for row in steps:
-        by_name.setdefault(row["candidate"], {})[row["model"]] = row
-    step_table = [
-        [name, next(iter(cells.values()))["source"],
-         *(f"{cells[m]['median_ms']:.2f} ({cells[m]['vs_torch_adamw_foreach']:.2f}x)" if m in cells else "-" for m in labels),
-         f"{next(iter(cells.values()))['first_call_ms']:.0f}"]
-        for name, cells in by_name.items()
-    ]  # fmt: skip
-    sizes = {row["model"]: row["params"] for row in steps}
-    ns = [[r["shape"], r["implementation"], r["coefficients"], r["median_ms"], r["gflop"], r["gflops"], r["fraction_of_mm"], r["effective_gflops"]]
-          for r in results["newton_schulz"]]  # fmt: skip
-    mem = [[r["optimizer"], r["precision"], r["model_weights"], r["state"], r["main_params"], r["state_plus_main"], r["total_with_weights"]]
-           for r in results["memory"]]  # fmt: skip
-    conv = [
-        [r["optimizer"], *(f"{r['settings'][k]:.3g}" if k in r["settings"] else "-" for k in ("lr", "decoupled_lr", "weight_decay")),
-         *(f"{v:.3f}" for v in (sum(r["train_loss"][:10]) / len(r["train_loss"][:10]),
-                                sum(r["train_loss"][-20:]) / len(r["train_loss"][-20:]), r["valid_loss"])),
-         f"{r['ms_per_step']:.1f}", f"{r['elapsed_s'][-1]:.1f}"]
-        for r in results["convergence"]
-    ]  # fmt: skip
-    plan = results["plan"]
-    return [
-        f"1. Step time: median ms (ratio to torch AdamW foreach); {', '.join(f'{m} = {sizes[m]:,} params' for m in labels)}; "
-        f"SOAP on the first {plan['soap_models']} model(s) only\n"
-        + tabulate(step_table, headers=["candidate", "source", *labels, "first call ms (1st model)"], floatfmt=".1f", disable_numparse=True),
-        "2. Newton–Schulz, 5 steps, float32, IEEE matmuls (highest): counted GFLOP/s and fraction of torch.matmul's\n"
-        + tabulate(ns, headers=["shape", "impl", "coefficients", "median ms", "GFLOP", "GFLOP/s", "of mm", "effective GFLOP/s"], floatfmt=".2f"),
-        f"3. Memory after one step, bytes per model parameter ({plan['memory_params']:,}-param GPT)\n"
-        + tabulate(mem, headers=["optimizer", "precision", "weights", "state", "main params", "state + main", "total"], floatfmt=".2f"),
-        f"4. Convergence: {plan['train_params']:,}-param byte-level GPT, {plan['train_steps']} steps of {plan['batch_size']}x"
-        f"{plan['train_seq_len']} bytes (nats/byte; uniform = 5.545)\n"
-        + tabulate(conv, headers=["optimizer", "lr", "decoupled_lr", "wd", "train first 10", "train last 20", "valid", "ms/step", "total s"],
-                   disable_numparse=True, colalign=("left",) + ("right",) * 8),
-    ]  # fmt: skip
-
-
 def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
@@ -115,60 +78,198 @@ def require_matplotlib() -> None:
         ) from error
 
 
-def write_plots(results: Row, out: Path) -> list[Path]:
-    """The four PNGs (matplotlib's Agg canvas, no pyplot state)."""
+
+
+def lr_text(lr: float) -> str:
+    """``3e-3`` for small lrs, ``0.3`` and ``1`` for the others."""
+    if lr >= 0.01:
+        return f"{lr:g}"
+    mantissa, exponent = f"{lr:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _seconds(value: float | str | None) -> str:
+    if value is None:
+        return "-"
+    return "n/a" if isinstance(value, str) else f"{value:.2f}"
+
+
+def _columns(results: Row) -> list[str]:
+    """Devices in the table: the CPU, then every GPU column (``n/a`` when not measured)."""
+    return ["cpu", *GPU_COLUMNS]
+
+
+def _loss_cell(row: Row, label: str) -> str:
+    task = row["tasks"].get(label)
+    if task is None:
+        return "-"
+    if task["best_lr"] is None:
+        statuses = {run["status"].split(":")[0] for run in task["runs"]}
+        return " / ".join(sorted(statuses))
+    best = next(run for run in task["runs"] if run["lr"] == task["best_lr"])
+    return f"{best['valid']:.3f} @ {lr_text(best['lr'])}"
+
+
+def table_rows(results: Row) -> tuple[list[str], list[list[str]]]:
+    """The main table: headers and one row of strings per algorithm, in the run's order."""
+    devices, labels = _columns(results), [task["label"] for task in results["tasks"]]
+    baselines = results["baselines"]
+    base = baselines.get("cpu", "AdamW(fused)")
+    headers = [
+        "algorithm", "family",
+        *(f"step ×{baselines.get(d, base)} ({d})" for d in devices),
+        *(f"first step s ({d}): optzoo / upstream" for d in devices),
+        "state B/param: measured / record", "fallback (params, % of weights)",
+        *(f"{label}: held-out loss @ lr" for label in labels),
+    ]  # fmt: skip
+    body = []
+    for row in results["rows"]:
+        if row["status"] != "ok":
+            body.append([row["name"], row["family"], f"**{row['status']}**", *("-" for _ in headers[3:])])
+            continue
+        cells = [row["name"], row["family"]]
+        for d in devices:
+            ratio = row["step_ratio"].get(d)
+            cells.append("n/a" if ratio is None or isinstance(ratio, str) else f"{ratio:.2f}")
+        for d in devices:
+            ours, theirs = row["first_step_s"].get(d, "n/a"), row["upstream_first_step_s"].get(d, "n/a")
+            cells.append("n/a" if d not in results["devices"] else f"{_seconds(ours)} / {_seconds(theirs)}")
+        measured, record = row.get("state_measured"), row.get("state_record")
+        if measured is None:
+            cells.append("-")
+        else:
+            same = math.isclose(measured, record, rel_tol=0, abs_tol=1e-9)
+            cells.append(f"{measured:.2f} / {record:.2f}" if same else f"**{measured:.2f} ≠ {record:.2f}**")
+        cells.append(row["fallback"])
+        cells.extend(_loss_cell(row, label) for label in labels)
+        body.append(cells)
+    return headers, body
+
+
+def sweep_rows(results: Row) -> list[list[str]]:
+    """One row per (algorithm, task): every lr of the grid and its held-out loss, the winner in bold."""
+    body = []
+    for row in results["rows"]:
+        for label, task in row["tasks"].items():
+            points = []
+            for run in task["runs"]:
+                value = f"{run['valid']:.3f}" if run["status"] == "ok" else run["status"].split(":")[0]
+                point = f"{lr_text(run['lr'])} → {value}"
+                points.append(f"**{point}**" if run["lr"] == task["best_lr"] else point)
+            body.append([row["name"], label, ", ".join(points)])
+    return body
+
+
+def _notes(results: Row) -> list[str]:
+    """Why each refused, failed or n/a cell is so (the table keeps to one short word)."""
+    notes = []
+    for row in results["rows"]:
+        if row["status"] != "ok":
+            notes.append(f"- `{row['name']}`: {row['status']}")
+        for kind, values in (("first step", row["first_step_s"]), ("upstream first step", row["upstream_first_step_s"])):
+            for device, value in values.items():
+                if isinstance(value, str):
+                    notes.append(f"- `{row['name']}`, {kind} ({device}): {value}")
+        for device, value in row["step_ratio"].items():
+            if isinstance(value, str):
+                notes.append(f"- `{row['name']}`, step time ({device}): {value}")
+        for label, task in row["tasks"].items():
+            for run in task["runs"]:
+                if run["status"] not in ("ok", "diverged"):
+                    notes.append(f"- `{row['name']}`, {label}, lr {lr_text(run['lr'])}: {run['status']}")
+    return notes
+
+
+def render_block(results: Row, *, plot_link: str) -> str:
+    """The markdown the run writes between the docs markers: command, budget, tables, plot, notes."""
+    env, plan = results["environment"], results["plan"]
+    tasks = ", ".join(f"{t['label']} ({t['params']:,} params)" for t in results["tasks"])
+    first = "each in a fresh process with an empty inductor cache" if plan["fresh_first_steps"] else "in this process (quick)"
+    hidden, layers, seq = plan["timing_model"]
+    minutes = results["runtime_s"] / 60
+    headers, body = table_rows(results)
+    lines = [
+        "<!-- written by benchmarks.compare; a rerun replaces everything up to the end marker -->",
+        "",
+        f"Command: `{results['command']}` — {minutes:.1f} min on {env['device_name']} ({env['threads']} torch threads), "
+        f"torch {env['torch']}, emerging-optimizers {env['packages'].get('emerging-optimizers')}, {env['date'][:10]}, "
+        f"commit `{(env['git_commit'] or 'unknown')[:7]}`{' (uncommitted changes)' if env['git_dirty'] else ''}"
+        f"{'; quick plan: numbers meaningless' if plan['quick'] else ''}.",
+        "",
+        f"Budget: **step time** on a {plan['timing_params']:,}-param GPT (hidden {hidden}, {layers} layers, seq {seq}; "
+        f"fixed seeded grads, lr 1e-3, decay 0.1, no clipping), median of {plan['repeats']} interleaved rounds, "
+        "as a ratio to torch AdamW on the same params in the same rounds. **First step**: lazy state and any "
+        f"`torch.compile`, {first}; upstream = emerging-optimizers' class of the same registry name stepped directly "
+        "on the params the record takes (`-`: upstream has no such name). **State**: bytes of every state tensor after "
+        "the first step (fallback optimizers' included, fp32) per model param, next to the registry records' "
+        f"`state_bytes`. **Loss**: held-out nats/byte (mean of {plan['valid_batches']} batches) after "
+        f"{plan['steps']} steps of {plan['batch_size']}×{plan['seq_len']} bytes of the standard library's source, "
+        f"on {results['train_device']}: {tasks}; same init and batches for every run; the best lr of the "
+        "record family's grid (sweep below).",
+        "",
+        tabulate(body, headers=headers, tablefmt="github", disable_numparse=True),
+        "",
+        "lr sweep (held-out loss per lr; bold: the one in the table):",
+        "",
+        tabulate(sweep_rows(results), headers=["algorithm", "task", "lr → held-out loss"], tablefmt="github", disable_numparse=True),
+        "",
+        f"![Training loss per algorithm at its best lr, and step time]({plot_link})",
+        "",
+    ]  # fmt: skip
+    took = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in results.get("phase_s", {}).items())
+    slowest = sorted(((sum(row.get("train_s", {}).values()), row["name"]) for row in results["rows"]), reverse=True)[:3]
+    lines += [f"Time per phase: {took}; the slowest to train (every lr and task): "
+              + ", ".join(f"{name} {seconds:.0f} s" for seconds, name in slowest) + ".", ""]  # fmt: skip
+    notes = _notes(results)
+    if notes:
+        lines += ["Refusals and n/a cells:", "", *notes, ""]
+    return "\n".join(lines)
+
+
+def check_markers(path: Path) -> str:
+    """``path``'s text; raises ``ValueError`` unless it holds one :data:`BEGIN` line before one :data:`END` line."""
+    text = path.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"`{path}`: no single marked block; got {text.count(BEGIN)} begin and {text.count(END)} end markers; "
+                         f"expected one {BEGIN!r} line before one {END!r} line")  # fmt: skip
+    return text
+
+
+def write_docs(path: Path, block: str) -> None:
+    """Replace what lies between :data:`BEGIN` and :data:`END` in ``path`` with ``block``."""
+    before, rest = check_markers(path).split(BEGIN)
+    _, after = rest.split(END)
+    path.write_text(f"{before}{BEGIN}\n{block.strip()}\n{END}{after}")
+
+
+def write_plot(results: Row, path: Path) -> None:
+    """Train loss against step (each algorithm at its best lr, per task) and the step-time ratios."""
     from matplotlib.figure import Figure
 
-    paths = [out / name for name in PLOTS]
-    for path, key, xlabel in ((paths[0], None, "step"), (paths[1], "elapsed_s", "seconds (warm-up excluded)")):
-        fig = Figure(figsize=(8, 5), dpi=100)
-        ax = fig.add_subplot()
-        for run in results["convergence"]:
-            x = run[key] if key else list(range(1, len(run["train_loss"]) + 1))
-            ax.plot(x, _smooth(run["train_loss"]), label=f"{run['optimizer']} (valid {run['valid_loss']:.3f})")
-        ax.set(xlabel=xlabel, ylabel="train loss, nats/byte (10-step mean)", title=f"Convergence vs {xlabel.split()[0]}")
+    labels = [task["label"] for task in results["tasks"]]
+    fig = Figure(figsize=(6 * (len(labels) + 1), 6), dpi=90)
+    axes = fig.subplots(1, len(labels) + 1)
+    colors = [f"C{i}" for i in range(10)]
+    for ax, label in zip(axes, labels):
+        for index, row in enumerate(results["rows"]):
+            task = row["tasks"].get(label)
+            if task is None or task["best_lr"] is None:
+                continue
+            run = next(r for r in task["runs"] if r["lr"] == task["best_lr"])
+            style = "-" if index < 10 else "--"
+            ax.plot(range(1, len(run["curve"]) + 1), _smooth(run["curve"]), style, color=colors[index % 10],
+                    label=f"{row['name']} @ {lr_text(run['lr'])} ({run['valid']:.3f})")  # fmt: skip
+        ax.set(xlabel="step", ylabel="train loss, nats/byte (10-step mean)", title=label)
         ax.grid(alpha=0.3)
-        ax.legend()
-        fig.savefig(path)
-
-    labels = [label for label, *_ in results["plan"]["models"]]
-    names = list(dict.fromkeys(r["candidate"] for r in results["step_time"]))
-    fig = Figure(figsize=(9, 7), dpi=100)
-    ax = fig.add_subplot()
-    height = 0.8 / len(labels)
-    for k, label in enumerate(labels):
-        cells = {r["candidate"]: r["median_ms"] for r in results["step_time"] if r["model"] == label}
-        ys = [i + k * height for i, name in enumerate(names) if name in cells]
-        ax.barh(ys, [cells[name] for name in names if name in cells], height=height, label=label)
-    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names)
+        ax.legend(fontsize=7)
+    ratios = [(row["name"], row["step_ratio"].get("cpu")) for row in results["rows"]]
+    measured = [(name, r) for name, r in ratios if isinstance(r, float)]
+    ax = axes[-1]
+    ax.barh([name for name, _ in measured], [r for _, r in measured], color="C0")
+    ax.axvline(1.0, color="gray", linewidth=0.8)
     ax.invert_yaxis()
-    ax.set(xscale="log", xlabel="median step time, ms (log)", title="Optimizer step time by model size")
+    ax.set(xscale="log", xlabel=f"step time / {results['baselines'].get('cpu', 'AdamW')} (cpu, log)", title="Step time")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[2])
-
-    ns = [r for r in results["newton_schulz"] if r["implementation"] != "torch.matmul (one step's products)"]
-    series = [("ours", "quintic"), ("ours", "polar_express"), ("upstream", "quintic")]
-    shapes = list(dict.fromkeys(r["shape"] for r in ns))
-    fig = Figure(figsize=(9, 5), dpi=100)
-    ax = fig.add_subplot()
-    for k, (impl, coefficients) in enumerate(series):
-        cells = {r["shape"]: r["fraction_of_mm"] for r in ns if (r["implementation"], r["coefficients"]) == (impl, coefficients)}
-        ax.bar([i + k * 0.27 for i in range(len(shapes))], [cells.get(s, 0.0) for s in shapes], width=0.27, label=f"{impl} {coefficients}")
-    ax.set_xticks([i + 0.27 for i in range(len(shapes))], shapes)
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set(ylabel="GFLOP/s as a fraction of torch.matmul's", title="Newton–Schulz throughput (5 steps, float32)", ylim=(0, 1.25))
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="upper center", ncols=3)
-    fig.savefig(paths[3])
-    return paths
-
-
-def write_report(results: Row, out: Path) -> list[Path]:
-    """``results.json`` and the plots in ``out``; returns their paths (the JSON last)."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = write_plots(results, out)
-    results["plots"] = [path.name for path in paths]
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return [*paths, out / "results.json"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)

@@ -1,112 +1,164 @@
-"""``python -m benchmarks.compare --quick`` runs the whole comparison suite and writes a complete report.
+"""``python -m benchmarks.compare --quick``: one row per registered algorithm, refusals as rows.
 
-These tests check structure and exact byte counts, never timings.
+These tests check structure, exact byte counts and the docs block, never timings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from benchmarks import compare
-from benchmarks.bench_precision import _bytes_per_param
-from optzoo.optimizers.newton_schulz import COEFFICIENT_SETS
-from optzoo import OptimizerConfig, get_optimizer
-from benchmarks.report import PLOTS
+from benchmarks import compare, report
+from optzoo.optimizers import registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NAMES = ("adam", "sgd", "muon")
+
+
+def _run(*argv: str) -> tuple[int, str]:
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = compare.main([*argv, "--no-progress"])
+    return status, stdout.getvalue()
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
-    """One ``python -m benchmarks.compare --quick`` through its entry point: (exit status, stdout, out folder)."""
-    out = tmp_path_factory.mktemp("bench")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):  # capsys is per test; this runs once for the module
-        status = compare.main(["--quick", "--device", "cpu", "--out", str(out)])
-    return status, stdout.getvalue(), out
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path, dict[str, Any]]:
+    """One quick run of three names through the entry point: (status, stdout, out folder, results)."""
+    out = tmp_path_factory.mktemp("compare")
+    status, stdout = _run("--quick", "--device", "cpu", "--only", ",".join(NAMES), "--out", str(out))
+    return status, stdout, out, json.loads((out / "results.json").read_text())
+
+
+def _table(markdown: str) -> tuple[list[str], list[list[str]]]:
+    """The first markdown table's headers and rows, cells stripped."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    end = next((i for i, row in enumerate(cells[2:], 2) if row[0] == "algorithm"), len(cells))  # the sweep table's header
+    return cells[0], cells[2:end]
 
 
 @pytest.mark.slow
-def test_quick_run_prints_every_section(quick_run: tuple[int, str, Path]) -> None:
-    status, stdout, out = quick_run
+def test_quick_run_has_a_row_per_requested_name_and_every_column(quick: tuple[int, str, Path, dict[str, Any]]) -> None:
+    status, stdout, out, _ = quick
     assert status == 0
-    for title in ("1. Step time", "2. Newton–Schulz", "3. Memory", "4. Convergence"):
-        assert title in stdout
-    assert f"wrote {out / 'results.json'} and convergence_steps.png" in stdout
+    headers, rows = _table((out / "table.md").read_text())
+    assert [row[0] for row in rows] == list(NAMES)
+    assert headers == [
+        "algorithm", "family",
+        "step ×AdamW(fused) (cpu)", "step ×AdamW(fused) (cuda)",
+        "first step s (cpu): optzoo / upstream", "first step s (cuda): optzoo / upstream",
+        "state B/param: measured / record", "fallback (params, % of weights)",
+        "GPT (built-in task): held-out loss @ lr", "Llama (HF, tiny): held-out loss @ lr",
+    ]  # fmt: skip
+    for row in rows:
+        assert len(row) == len(headers)
+        assert float(row[2]) > 0 and row[3] == "n/a" and row[5] == "n/a"  # no GPU columns measured on a CPU run
+        for loss in row[8:]:
+            value, lr = loss.split(" @ ")
+            assert 0 < float(value) < 10 and float(lr) > 0
+    assert "python -m benchmarks.compare --quick --device cpu --only adam,sgd,muon" in stdout
+    assert (out / "compare.png").read_bytes().startswith(PNG_MAGIC)
 
 
 @pytest.mark.slow
-def test_quick_run_writes_valid_pngs(quick_run: tuple[int, str, Path]) -> None:
-    _, _, out = quick_run
-    for name in PLOTS:
-        data = (out / name).read_bytes()
-        assert data.startswith(PNG_MAGIC), name
-        assert len(data) < 150_000, name
+def test_state_bytes_match_hand_counts(quick: tuple[int, str, Path, dict[str, Any]]) -> None:
+    """torch's AdamW keeps two fp32 moments and a 4-byte ``step`` per param tensor; SGD one momentum buffer."""
+    *_, results = quick
+    model = compare._with_grads(compare.QUICK.timing_model, torch.device("cpu"))
+    numel, tensors = sum(p.numel() for p in model.parameters()), len(list(model.parameters()))
+    rows = {row["name"]: row for row in results["rows"]}
+    assert rows["adam"]["state_measured"] == rows["adam"]["state_record"] == (8 * numel + 4 * tensors) / numel
+    assert rows["sgd"]["state_measured"] == rows["sgd"]["state_record"] == 4.0
+    assert rows["muon"]["state_measured"] == rows["muon"]["state_record"]
+    assert rows["muon"]["fallback"].startswith("adam: ")  # embeddings, output layer and 1-D params
+    assert rows["adam"]["fallback"] == "-"
 
 
 @pytest.mark.slow
-def test_quick_run_json_structure(quick_run: tuple[int, str, Path]) -> None:
-    _, _, out = quick_run
-    results: dict[str, Any] = json.loads((out / "results.json").read_text())
-    assert set(results) == {"environment", "plan", "step_time", "newton_schulz", "memory", "convergence", "section_s", "runtime_s", "plots"}
-    assert results["plots"] == list(PLOTS)
-    env = results["environment"]
-    assert {"torch", "python", "cpu", "threads", "device", "device_name", "dtype", "date", "git_commit", "packages"} <= set(env)
-    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["dtype"] == "float32"
-
-    models = [label for label, *_ in results["plan"]["models"]]
-    steps = results["step_time"]
-    assert [row["model"] for row in steps[:1]] == models[:1] and {row["model"] for row in steps} == set(models)
-    names = {model: [row["candidate"] for row in steps if row["model"] == model] for model in models}
-    assert names[models[0]][-2:] == ["optzoo soap", "emerging SOAP + AdamW"]  # SOAP: the smallest model only
-    assert all("soap" not in name.lower() for model in models[1:] for name in names[model])
-    for candidate in ("optzoo adam", "torch AdamW foreach", "optzoo muon", "emerging Muon + AdamW", "emerging Lion"):
-        assert all(candidate in names[model] for model in models)
-    for row in steps:
-        assert row["median_ms"] > 0 and row["first_call_ms"] > 0 and row["vs_torch_adamw_foreach"] > 0
-    assert all(row["vs_torch_adamw_foreach"] == 1.0 for row in steps if row["candidate"] == "torch AdamW foreach")
-
-    ns = results["newton_schulz"]
-    assert {row["shape"] for row in ns} == {"16×32", "2×16×16"}
-    assert {row["coefficients"] for row in ns if row["shape"] == "16×32"} == {"-", *COEFFICIENT_SETS}
-    assert all(row["gflop"] > 0 and math.isfinite(row["fraction_of_mm"]) for row in ns)
-
-    memory = {(row["optimizer"], row["precision"]): row for row in results["memory"]}
-    assert len(memory) == 2 * len(compare.OPTIMIZERS) + 4
-    # Exact, from the tensors: Adam keeps two fp32 moments, SGD and Lion one buffer, bf16 adds an fp32 main copy.
-    assert memory["adam", "fp32"]["state"] == 8.0 and memory["adam", "fp32"]["main_params"] == 0.0
-    assert memory["sgd", "fp32"]["state"] == memory["lion", "fp32"]["state"] == 4.0
-    assert memory["adam", "bf16, fp32 main params"]["main_params"] == 4.0
-    assert memory["adam", "bf16 precision-aware, param remainders"]["main_params"] == 2.0
-    assert memory["adam", "bf16 precision-aware, param remainders, bf16 moments"]["state_plus_main"] == 6.0
-    assert memory["soap", "fp32"]["state"] > memory["adam", "fp32"]["state"]
-
-    runs = results["convergence"]
-    assert [run["optimizer"] for run in runs] == list(compare.OPTIMIZERS)
-    for run in runs:
-        assert len(run["train_loss"]) == len(run["elapsed_s"]) == results["plan"]["train_steps"]
-        assert run["elapsed_s"] == sorted(run["elapsed_s"]) and math.isfinite(run["valid_loss"])
+def test_same_init_and_batches_for_every_algorithm(quick: tuple[int, str, Path, dict[str, Any]]) -> None:
+    """Every run starts from one init on one batch, so every first training loss is the same number."""
+    *_, results = quick
+    for label in ("GPT (built-in task)", "Llama (HF, tiny)"):
+        firsts = {run["curve"][0] for row in results["rows"] for run in row["tasks"][label]["runs"]}
+        assert len(firsts) == 1, (label, firsts)
+        assert abs(firsts.pop() - math.log(256)) < 0.3  # a random init's loss over 256 bytes
 
 
-def test_state_bytes_split_sums_to_bench_precision_count() -> None:
-    model = compare._model_with_grads(compare.QUICK.memory_model, torch.device("cpu"), torch.bfloat16)
-    config = OptimizerConfig(lr=1e-3, bf16=True, use_precision_aware_optimizer=True, exp_avg_dtype=torch.bfloat16)
-    opt = get_optimizer(config, model)
-    opt.step()
-    state, main = compare.state_bytes(opt, model)
-    assert (state, main) == (6.0, 2.0)  # bf16 exp_avg + fp32 exp_avg_sq; int16 remainders
-    assert state + main == _bytes_per_param(opt, model)
+@pytest.fixture
+def extra_names() -> Iterator[None]:
+    """Two names registered after the command was written: one that works, one whose build refuses."""
+
+    def refuse(groups: Any, instance: Any) -> torch.optim.Optimizer:
+        raise ValueError("needs Sinkhorn-normalised non-negative params\nsecond line")
+
+    sgd = registry.get_spec("sgd")
+    registry.register(dataclasses.replace(sgd, name="zz_later", family="unheard_of"))  # type: ignore[arg-type]
+    registry.register(dataclasses.replace(sgd, name="zz_refuses", build=refuse))
+    try:
+        yield
+    finally:
+        registry.unregister("zz_later")
+        registry.unregister("zz_refuses")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("extra_names")
+def test_every_registered_name_gets_a_row_and_a_refusal_is_a_row(tmp_path: Path) -> None:
+    status, _ = _run("--quick", "--device", "cpu", "--only", "sgd,zz_refuses,zz_later", "--out", str(tmp_path))
+    assert status == 0
+    _, rows = _table((tmp_path / "table.md").read_text())
+    by_name = {row[0]: row for row in rows}
+    assert list(by_name) == ["sgd", "zz_refuses", "zz_later"]
+    assert by_name["zz_refuses"][2] == "**refused: ValueError: needs Sinkhorn-normalised non-negative params**"
+    assert by_name["zz_later"][1] == "unheard_of" and by_name["zz_later"][8].endswith(f"@ {report.lr_text(compare.DEFAULT_LR_GRID[1])}")
+    # Without --only the names are the registry's, whatever it holds now.
+    assert compare._names(None) == registry.registered_names() and "zz_later" in compare._names(None)
+
+
+@pytest.mark.slow
+def test_docs_block_is_replaced_between_markers(tmp_path: Path) -> None:
+    docs = tmp_path / "page.md"
+    docs.write_text(f"# Title\n\nbefore\n\n{report.BEGIN}\nold table\n{report.END}\n\nafter\n")
+    for _ in range(2):  # a rerun replaces the block, keeping what is around it
+        status, _ = _run("--quick", "--device", "cpu", "--only", "sgd", "--out", str(tmp_path / "out"), "--docs", str(docs))
+        assert status == 0
+    text = docs.read_text()
+    assert text.startswith(f"# Title\n\nbefore\n\n{report.BEGIN}\n") and text.endswith(f"\n{report.END}\n\nafter\n")
+    assert "old table" not in text
+    assert sum(line.startswith("| sgd ") for line in text.splitlines()) == 3  # main table, sweep on each task
+    assert f"Command: `python -m benchmarks.compare --quick --device cpu --only sgd --out {tmp_path / 'out'} --docs {docs} --no-progress`" in text
+    assert "![Training loss per algorithm at its best lr, and step time](img/compare.png)" in text
+    assert (tmp_path / "img" / "compare.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_docs_without_markers_is_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = tmp_path / "page.md"
+    docs.write_text("# no markers\n")
+    assert compare.main(["--quick", "--only", "sgd", "--docs", str(docs), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"benchmarks.compare: error: `{docs}`: no single marked block; got 0 begin and 0 end markers; "
+        f"expected one {report.BEGIN!r} line before one {report.END!r} line\n"
+    )
+    assert docs.read_text() == "# no markers\n" and not (tmp_path / "out").exists()
+
+
+def test_unknown_only_name_lists_the_registered_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert compare.main(["--quick", "--only", "adam,nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("benchmarks.compare: error: `--only`: unknown optimizer names; got ['nope']; expected a comma-separated subset of ['adam', ")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without a GPU")
 def test_cuda_without_a_gpu_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert compare.main(["--device", "cuda", "--quick"]) == 2
-    assert capsys.readouterr().err == "benchmarks.compare: error: `--device`: unavailable; got 'cuda'; expected 'cpu'\n"
+    assert capsys.readouterr().err == "benchmarks.compare: error: `--device`: unavailable; got 'cuda'; expected 'cpu' or 'auto' (no GPU here)\n"

@@ -343,6 +343,25 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def upstream_registered_class(name: str) -> type[torch.optim.Optimizer] | None:
+    """The class upstream's own registry holds under ``name`` (its 15 algorithms in 0.3.0), as
+    upstream ships it: no optzoo subclass, compiled steps and all; ``None`` if upstream has no such
+    name. For "before/after" comparisons (``benchmarks.compare``), never for building optimizers."""
+    import importlib
+
+    try:
+        from emerging_optimizers import registry
+
+        for package in ("orthogonalized_optimizers", "scalar_optimizers", "soap", "psgd", "riemannian_optimizers"):
+            importlib.import_module(f"emerging_optimizers.{package}")  # registration happens on import
+    except ImportError as error:  # pragma: no cover
+        raise ImportError(_MISSING) from error
+    if name.lower() not in registry.get_optimizer_name_list():
+        return None
+    cls: type[torch.optim.Optimizer] = registry.get_optimizer_cls(name)
+    return cls
+
+
 def newton_schulz_coefficient_types() -> tuple[str, ...]:
     """The named coefficient sets upstream offers (``custom`` needs explicit numbers: excluded)."""
     try:
