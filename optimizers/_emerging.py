@@ -318,7 +318,28 @@ _UPSTREAM: dict[str, tuple[str, str]] = {
 }
 """Upstream class name -> (the module whose import registers it, its name in upstream's registry)."""
 
-_ADAPTED: dict[str, Callable[[Any], Any]] = {"Lion": _eager_on_cpu, "LaProp": _laprop_eager_on_cpu, "PSGDPro": _psgd_seeded}
+def _compiled_parts_eager_on_cpu(upstream: Any) -> Any:
+    """Upstream's step with its ``torch.compile``d parts run eagerly when every param is on the CPU
+    (SOAP, REKLS). Their Adam-in-the-eigenbasis turns one ulp into a ±lr move (docs/optimizers.md),
+    so compiled-or-eager must not depend on the process (dynamo's recompile limit, a fresh worker):
+    on CPU it is always eager, with no first-step compile; other devices keep the compiled kernels."""
+
+    class Stepper(upstream):  # type: ignore[misc]  # untyped upstream
+        __doc__ = upstream.__doc__
+
+        def step(self, closure: Any = None) -> Any:
+            on_cpu = all(p.device.type == "cpu" for group in self.param_groups for p in group["params"])
+            with torch.compiler.set_stance("force_eager") if on_cpu else contextlib.nullcontext():
+                return super().step(closure)
+
+    Stepper.__name__ = Stepper.__qualname__ = upstream.__name__
+    return Stepper
+
+
+_ADAPTED: dict[str, Callable[[Any], Any]] = {
+    "Lion": _eager_on_cpu, "LaProp": _laprop_eager_on_cpu, "PSGDPro": _psgd_seeded,
+    "SOAP": _compiled_parts_eager_on_cpu, "REKLS": _compiled_parts_eager_on_cpu,
+}  # fmt: skip
 """The classes whose step optzoo changes (each function says how), over upstream's class."""
 
 

@@ -677,6 +677,16 @@ def _adafactor_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dt
     return 4 + math.prod(stacked) * (rows + cols) * _itemsize(dtype)
 
 
+def _build_adafactor(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    _refuse_dtensors(groups, "adafactor", "torch's Adafactor reduces each whole param, its RMS and row and column factors, and has no sharded kernel")
+    return torch.optim.Adafactor(groups, foreach=True)
+
+
+def _build_torch_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+    _refuse_dtensors(groups, "torch_muon", "torch.optim.Muon orthogonalises the tensor it is given: a shard's Newton-Schulz is not the matrix's")
+    return torch.optim.Muon(groups)
+
+
 def _adafactor_cost(shape: tuple[int, ...], fields: Mapping[str, Any]) -> float:
     return elementwise_cost(shape, fields)
 
@@ -696,7 +706,7 @@ register(
         group_options=lambda c: {
             "beta2_decay": c["adafactor_beta2_decay"], "eps": (c["adafactor_eps1"], c["adafactor_eps2"]), "d": c["adafactor_d"],
         },  # fmt: skip
-        build=lambda groups, _: torch.optim.Adafactor(groups, foreach=True),
+        build=_build_adafactor,
         scalar_fallback=True,
     )
 )
@@ -726,7 +736,7 @@ register(
             "momentum": c["torch_muon_momentum"], "nesterov": c["torch_muon_nesterov"], "ns_steps": c["torch_muon_ns_steps"],
             "adjust_lr_fn": c["torch_muon_adjust_lr_fn"],
         },  # fmt: skip
-        build=lambda groups, _: torch.optim.Muon(groups),
+        build=_build_torch_muon,
     )
 )
 

@@ -32,11 +32,6 @@ pytestmark = pytest.mark.slow
 
 NAMES = registered_names()
 
-# Open (issue #26 closing note): REKLS on 2 ranks ends far from the one-process run on these models
-# (not rounding: whole matrices differ), while tests/distributed/test_distributed.py's zoo agrees to
-# 1e-5. Strict, so the mark goes when it is fixed.
-NOT_YET_EQUAL = {"rekls": "REKLS's multi-rank result departs from one process's; see the issue #26 note"}
-EQUAL_NAMES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NOT_YET_EQUAL[n])) if n in NOT_YET_EQUAL else n for n in NAMES]
 STEPS = 2  # the second step uses the state the first made (and, resumed, loaded)
 SAVE_AFTER = 1  # the world-size-2 checkpoint is taken after this many steps
 FUSED_ADAM_ROUNDING = {"rtol": 2.0**-21, "atol": 1e-12}
@@ -191,7 +186,7 @@ def _assert_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor
 
 @pytest.mark.parametrize("model_name", list(MODELS))
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", EQUAL_NAMES)
+@pytest.mark.parametrize("name", NAMES)
 def test_on_2_ranks_equals_one_process(
     name: str, mode: str, model_name: str, distributed_runs: list[Any], single_runs: dict[tuple[str, str], Any]
 ) -> None:
@@ -215,7 +210,7 @@ def test_on_2_ranks_equals_one_process(
 
 @pytest.mark.parametrize("model_name", list(MODELS))
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", EQUAL_NAMES)
+@pytest.mark.parametrize("name", NAMES)
 def test_a_checkpoint_saved_on_2_ranks_continues_on_1_as_the_uninterrupted_run(
     name: str, mode: str, model_name: str, distributed_runs: list[Any], single_runs: dict[tuple[str, str], Any]
 ) -> None:

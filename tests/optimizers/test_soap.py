@@ -29,7 +29,8 @@ def test_soap_equals_emerging_optimizers_soap_on_the_matrices(odd_model: torch.n
         fill_grads(list(odd_model.parameters()), generator_a)
         fill_grads(list(reference_model.parameters()), generator_b)
         ours.step()
-        reference.step()
+        with torch._dynamo.config.patch(disable=True):  # upstream uncompiled: what optzoo runs for CPU params
+            reference.step()
     for group in soap_groups:
         for name, param in zip(group["param_names"], group["params"]):
             torch.testing.assert_close(param, by_name[name], atol=0, rtol=0, msg=name)
