@@ -195,7 +195,7 @@ def state_bytes_per_param(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     step, and the sum of each param's record ``state_bytes`` under the routing ``get_optimizer`` used."""
     count = sum(p.numel() for p in model.parameters())
     state = optimizer.state_dict()["state"]
-    measured = sum(v.nbytes for s in state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    measured = sum(t.nbytes for s in state.values() for v in s.values() for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor))  # PSGD keeps lists
     groups, _ = resolve_group_configs(config, model)
     record = 0
     for group in groups:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import transformers
 
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.models import GPT, GPTConfig
@@ -17,6 +18,17 @@ def seed() -> Iterator[int]:
     """Every test starts from the same RNG state."""
     torch.manual_seed(1234)
     yield 1234
+
+
+def tiny_qwen3_moe() -> torch.nn.Module:
+    """Hugging Face's Qwen3-MoE, tiny, seeded, with its experts as 3-D stacks
+    (``mlp.experts.gate_up_proj``: experts x out x in); random init, nothing downloaded."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=12, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    return transformers.Qwen3MoeForCausalLM(config)
 
 
 def tiny_gpt(*, tie_embeddings: bool = False, qk_layernorm: bool = False, num_layers: int = 2) -> GPT:

@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from optzoo import OptimizerConfig, get_optimizer, resolve_group_configs
 from optzoo.models import GPT, GPTConfig
 from optzoo.optimizers.registry import get_spec, registered_names
+from tests.conftest import tiny_qwen3_moe
 
 
 def _gpt() -> torch.nn.Module:
     return GPT(GPTConfig(hidden_size=32, num_layers=1, num_heads=2, vocab_size=64, max_seq_len=16))
-
-
-def _moe() -> torch.nn.Module:
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=24, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
-    )  # fmt: skip
-    return transformers.Qwen3MoeForCausalLM(config)
 
 
 def _measured(state: dict[str, object]) -> int:
@@ -43,7 +35,7 @@ def _measured(state: dict[str, object]) -> int:
     return sum(nbytes(value) for value in state.values())
 
 
-@pytest.mark.parametrize("model_factory", [_gpt, _moe], ids=["gpt", "qwen3_moe"])
+@pytest.mark.parametrize("model_factory", [_gpt, tiny_qwen3_moe], ids=["gpt", "qwen3_moe"])
 @pytest.mark.parametrize("name", registered_names())
 def test_state_bytes_is_what_the_first_step_allocates(name: str, model_factory: object) -> None:
     torch.manual_seed(0)

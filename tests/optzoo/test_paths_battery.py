@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.optimizers.registry import registered_names
-from tests.conftest import tiny_gpt
+from tests.conftest import tiny_gpt, tiny_qwen3_moe
 
 NAMES = registered_names()
 STEPS = 4
@@ -33,22 +32,12 @@ def _gpt() -> torch.nn.Module:
     return tiny_gpt()
 
 
-def _moe() -> torch.nn.Module:
-    """Qwen3-MoE with its experts as 3-D stacks (``mlp.experts.gate_up_proj``: experts x out x in)."""
-    torch.manual_seed(0)
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=12, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2,
-    )  # fmt: skip
-    return transformers.Qwen3MoeForCausalLM(config)
-
-
-MODELS: dict[str, Callable[[], torch.nn.Module]] = {"gpt": _gpt, "qwen3_moe": _moe}
+MODELS: dict[str, Callable[[], torch.nn.Module]] = {"gpt": _gpt, "qwen3_moe": tiny_qwen3_moe}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def test_the_moe_model_has_3d_expert_stacks() -> None:
-    assert any(p.dim() == 3 for p in _moe().parameters())
+    assert any(p.dim() == 3 for p in tiny_qwen3_moe().parameters())
 
 
 def _config(name: str, precision: str = "fp32", **changes: Any) -> OptimizerConfig:
