@@ -2,11 +2,16 @@
 
 Run: ``.venv/bin/python -m benchmarks.bench_step`` (prints a table of ratios measured side by
 side in one process), or through pytest-benchmark: ``make bench``.
+
+``--telemetry``: what ``log_metrics`` costs on the benchmark GPT, off against on, side by side in
+one run: a whole training step (forward, backward, ``step``) and ``step`` alone, for Adam and Muon.
+Two optimizers with telemetry off are timed as two candidates, so their ratio shows the noise floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -74,15 +79,68 @@ def test_step_time(benchmark: pytest.FixtureRequest, name: str) -> None:
     benchmark(opt.step)  # type: ignore[operator]
 
 
+TELEMETRY_MODES: dict[str, bool | str] = {"off": False, "off (again)": False, "on": True, "per_param": "per_param"}
+"""``log_metrics`` per candidate; the second "off" measures the noise floor of the ratios."""
+
+
+def _synced(step: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    if device.type != "cuda":
+        return step
+    return lambda: (step(), torch.cuda.synchronize(device))
+
+
+def telemetry_overhead(
+    hidden: int = 512, layers: int = 8, repeats: int = 10, *, batch: int = 8, seq: int = 128,
+    device: torch.device = torch.device("cpu"), optimizers: tuple[str, ...] = ("adam", "muon"),
+) -> list[list[object]]:  # fmt: skip
+    """Median time of a training step and of ``step`` alone with ``log_metrics`` off and on, each
+    candidate on its own copy of one model, round-robin; ratios against the first "off"."""
+    base = _model(hidden, layers).to(device)
+    tokens = torch.randint(base.config.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    rows: list[list[object]] = []
+    for algorithm in optimizers:
+        train: dict[str, Callable[[], object]] = {}
+        step: dict[str, Callable[[], object]] = {}
+        for mode, log_metrics in TELEMETRY_MODES.items():
+            model = copy.deepcopy(base)
+            opt = get_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.1, optimizer=algorithm, log_metrics=log_metrics), model)
+
+            def train_step(model: GPT = model, opt: torch.optim.Optimizer = opt) -> object:
+                opt.zero_grad()
+                model.loss(tokens).backward()
+                return opt.step()
+
+            train[mode] = _synced(train_step, device)
+            step[mode] = _synced(opt.step, device)  # the gradients of the last training step, stepped again
+        train_medians = round_robin_medians(train, repeats)
+        step_medians = round_robin_medians(step, repeats)
+        for mode in TELEMETRY_MODES:
+            rows.append([
+                algorithm, mode, train_medians[mode] * 1e3, train_medians[mode] / train_medians["off"],
+                step_medians[mode] * 1e3, step_medians[mode] / step_medians["off"],
+            ])  # fmt: skip
+    return rows
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--telemetry", action="store_true", help="log_metrics off against on (training step and step alone)")
+    parser.add_argument("--batch", type=int, default=8, help="--telemetry: sequences per training step")
+    parser.add_argument("--seq", type=int, default=128, help="--telemetry: tokens per sequence")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     model_size = sum(p.numel() for p in _model(args.hidden, args.layers).parameters())
     print(f"GPT hidden={args.hidden} layers={args.layers}: {model_size / 1e6:.1f}M parameters, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    if args.telemetry:
+        rows = telemetry_overhead(args.hidden, args.layers, args.repeats, batch=args.batch, seq=args.seq, device=torch.device(args.device))
+        headers = ["optimizer", "log_metrics", "train step (ms)", "vs off", "step alone (ms)", "vs off"]
+        print(f"batch {args.batch} x {args.seq} tokens on {args.device}")
+        print(tabulate(rows, headers=headers, floatfmt=".3f"))
+        return
     rows = compare(args.hidden, args.layers, args.repeats)
     print(tabulate(rows, headers=["optimizer", "median step (ms)", "vs torch AdamW foreach"], floatfmt=".2f"))
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from optzoo.optimizers.newton_schulz_probe import cpu_name
 from tabulate import tabulate
 
 Row = dict[str, Any]
@@ -41,13 +43,7 @@ def _git(*args: str) -> str | None:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def environment(device: torch.device) -> Row:

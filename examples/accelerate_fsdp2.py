@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         if accelerator.is_main_process:
             shown = "skipped (inf/NaN gradient)" if not success else f"grad_norm {grad_norm:.4f}"
             print(f"step {step}: loss {total.item():.4f} {shown}", flush=True)
+    # torch 2.14 + gloo: FSDP2 keeps the process group's worker threads past destroy_process_group, and a
+    # worker still freeing the last all-reduce (its tensor has a Python object) at interpreter exit aborts
+    # the process ("terminate called without an active exception", pytorch#190489). The barrier has no
+    # tensors and waits with the interpreter lock released, so the worker frees that all-reduce first.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0
 

@@ -45,10 +45,11 @@ Both give the single process's result, bit for bit.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, get_args, override
 
@@ -75,13 +76,17 @@ from .muon_ops import (  # re-exported: callers import them from here
     take_shard as take_shard,
 )
 from .newton_schulz import (
+    LOOP_PRECISIONS,
     CoefficientType,
     MatmulPrecision,
     NewtonSchulzWarning,
     newton_schulz,
+    orthogonality_error,
     schedule_problem,
 )
-from .owner_compute import OWNER_COMPUTES_MAX_SHARE as OWNER_COMPUTES_MAX_SHARE, orthogonalize_on_owners
+from .newton_schulz_probe import ENV_SUBJECT, VARIANT_ENV, Kernel, KernelSetting, check_kernel_setting, choose_kernel, run_kernel
+from .owner_compute import DEFAULT_BUCKET_SIZE, TPMode, check_bucket_size, orthogonalize_on_owners
+from .owner_compute import OWNER_COMPUTES_MAX_SHARE as OWNER_COMPUTES_MAX_SHARE
 from .state_layout import StateLayout, per_element
 
 __all__ = [
@@ -90,6 +95,7 @@ __all__ = [
     "OWNER_COMPUTES_MAX_SHARE",
     "Muon",
     "MuonScaleMode",
+    "OrthogonalizationRecord",
     "PARAM_DTYPES",
     "ScaleMode",
     "TorchAdjustLr",
@@ -182,6 +188,66 @@ class _Block:
         return (empty.mT if transposed else empty).view(like.shape)
 
 
+@dataclass(eq=False)
+class OrthogonalizationRecord:
+    """What the last step of a Muon-family optimizer orthogonalised, for telemetry.
+
+    Kept only while ``optimizer.orthogonalization_record`` is set (``None``, the default, records
+    nothing and costs one check per stage). The sample is one matrix per param group and step: the
+    first matrix (or QKV block) of the group's first param with a gradient (or of ``sampled_params``'),
+    the same on every rank, measured by
+    whichever rank orthogonalises it, before the shape scale, with
+    :func:`~optzoo.optimizers.newton_schulz.orthogonality_error` (one Gram product of that matrix).
+    """
+
+    applied: set[int] = field(default_factory=set)
+    """ids of the params that got an orthogonalised update in the last step."""
+    errors: dict[int, torch.Tensor] = field(default_factory=dict)
+    """id of a param group -> the orthogonality error of its sampled matrix (0-dim, on the device),
+    for the groups whose sample this rank orthogonalised."""
+    targets: dict[int, tuple[int, int, int, tuple[int, int]]] = field(default_factory=dict)
+    """id of a param group -> which block is its sample: ``(id(param), index, start, shape)``."""
+    sampled_params: dict[int, int] | None = None
+    """id of a param group -> id of the param to sample (set before the step by whoever knows every
+    rank's params: the distributed optimizers step a share of them); ``None``: the first with a gradient."""
+
+    def start_step(self) -> None:
+        """Forget the last step."""
+        self.applied.clear()
+        self.errors.clear()
+        self.targets.clear()
+
+    def planned(self, block: _Block) -> None:
+        """``block`` is next in the step's plan: its group's sample if the group has none yet."""
+        wanted = self.sampled_params
+        if wanted is None or wanted.get(id(block.group)) == id(block.param):
+            self.targets.setdefault(id(block.group), _sample_key(block))
+
+    def sample(self, orthogonal: torch.Tensor, planned: Sequence[_Block]) -> None:
+        """Measure the slots of ``orthogonal`` (unscaled Newton–Schulz outputs of the ``planned``
+        blocks) that are their group's sample."""
+        for slot, block in zip(orthogonal, planned):
+            key = id(block.group)
+            if key not in self.errors and self.targets.get(key) == _sample_key(block) and slot.shape == block.shape:
+                self.errors[key] = orthogonality_error(slot)
+
+
+def _check_pinned_kernel(setting: str | None, group: dict[str, Any], subject: str) -> None:
+    """Raise if ``setting`` pins a kernel coarser than the group's ``fp32_matmul_prec`` allows."""
+    if setting is None or setting in ("probe", "auto"):
+        return
+    loop, allowed = Kernel.parse(setting, subject).loop, LOOP_PRECISIONS[group["fp32_matmul_prec"]]
+    if loop not in allowed:
+        raise ValueError(
+            f"{subject}: runs {loop} matmuls, coarser than fp32_matmul_prec={group['fp32_matmul_prec']!r} allows; "
+            f"got {setting!r}; expected a kernel with loop precision in {list(allowed)}, or 'probe' or 'auto'"
+        )
+
+
+def _sample_key(block: _Block) -> tuple[int, int, int, tuple[int, int]]:
+    return id(block.param), block.index, block.start, block.shape
+
+
 @dataclass(frozen=True, eq=False)
 class _Prepared:
     """A param after the prepare stage: what orthogonalising its blocks and applying its update read."""
@@ -236,8 +302,9 @@ class Muon(CheckedGroupsOptimizer):
         * Newton–Schulz is :func:`~optzoo.optimizers.newton_schulz.newton_schulz`, batched over the
           step's matrices: upstream's within float32 rounding, with safe normalisation (a 1e-20
           gradient still gives an orthogonal update), the Gram variant on wide float32 matrices
-          at ``highest``, and float32 instead of bf16 for ``medium`` on devices without fast
-          bf16 matmul (CPU).
+          at ``highest``, and a kernel (variant, loop precision, stacked or per matrix) chosen by
+          timing those ``fp32_matmul_prec`` allows on this machine (:attr:`ns_variant`), where upstream
+          runs bf16 under ``medium`` and fp32 otherwise.
         * Weight decay is decoupled only, with upstream's lr use (``W ← W − ηλW``); upstream's
           ``independent``, ``l2`` and ``palm`` methods and ``use_syrk`` are not offered.
         * Any float param dtype: float64 computes in float64; bf16 and fp16 params compute in
@@ -291,6 +358,12 @@ class Muon(CheckedGroupsOptimizer):
             ``redundant`` (every rank gathers and orthogonalises every matrix) or ``auto``
             (default; see :data:`FsdpOrthogonalize`). The same result either way, bit for bit.
             An instance setting, not a group one.
+        ns_variant: which Newton–Schulz kernel runs (:mod:`optzoo.optimizers.newton_schulz_probe`):
+            ``probe`` (time the kernels ``fp32_matmul_prec`` allows on the actual shapes, once per
+            device, dtype and shape class, and run the fastest), ``auto`` (the FLOPs and
+            device-type rule) or a pinned kernel such as ``gram/ieee`` or ``standard/bf16``
+            (never probes). Default ``None``: the ``OPTZOO_NS_VARIANT`` environment variable, else
+            ``probe``. An instance setting, not a group one.
 
     Raises:
         TypeError: a flag is not a bool, a param's dtype is not in :data:`PARAM_DTYPES`, or
@@ -336,9 +409,32 @@ class Muon(CheckedGroupsOptimizer):
         batched: bool = True,
         flatten: bool = False,
         fsdp_orthogonalize: FsdpOrthogonalize = "auto",
+        tp_mode: TPMode = "auto",
+        bucket_size: int = DEFAULT_BUCKET_SIZE,
+        ns_variant: KernelSetting | None = None,
     ) -> None:
+        if ns_variant is not None:
+            check_kernel_setting(ns_variant)
+        self.ns_variant = ns_variant
+        """The Newton–Schulz kernel setting (``None``: the environment's, else ``probe``)."""
         check_choice("`fsdp_orthogonalize`", fsdp_orthogonalize, get_args(FsdpOrthogonalize))
+        check_choice("`tp_mode`", tp_mode, get_args(TPMode))
+        check_bucket_size(bucket_size)
+        if tp_mode == "distributed" and not self.tp_distributable:
+            raise ValueError(
+                f"`tp_mode`: 'distributed' runs Newton-Schulz on tensor-parallel shards, and {type(self).__name__} "
+                f"orthogonalises or scales from the whole matrix; got tp_mode='distributed'; expected one of "
+                "'auto', 'duplicated', 'layer_sharded', 'blockwise'"
+            )
         self.fsdp_orthogonalize = fsdp_orthogonalize
+        self.tp_mode = tp_mode
+        self.bucket_size = bucket_size
+        self._owner_plans: dict[tuple[Any, ...], Any] = {}  # owner-computes' plans, by the shapes and settings they came from
+        self._per_replica = False  # HSDP: each replica computes its own copy (measured in benchmarks/bench_distributed.py)
+        self.owner_compute_trace: list[tuple[str, int, str]] | None = None
+        """Set to a list to record owner-computes' events in order: ``(exchange, bucket, what)``."""
+        self.orthogonalization_record: OrthogonalizationRecord | None = None
+        """Set to record what each step orthogonalised (telemetry: ``OptimizerConfig.log_metrics``)."""
         self._warned_qkv: set[int] = set()  # before super().__init__, which calls add_param_group
         defaults = {
             "lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
@@ -347,6 +443,12 @@ class Muon(CheckedGroupsOptimizer):
             "split_qkv": split_qkv, "batched": batched, "flatten": flatten, **self._variant_defaults,
         }  # fmt: skip
         super().__init__(params, defaults)
+
+    @property
+    def tp_distributable(self) -> bool:
+        """Whether ``tp_mode="distributed"`` can run this optimizer: its update is Newton–Schulz, scaled by shape alone."""
+        cls = type(self)
+        return cls._orthogonalize is Muon._orthogonalize and cls._scale_ is Muon._scale_
 
     # ---- validation ---------------------------------------------------------------------------
 
@@ -378,6 +480,7 @@ class Muon(CheckedGroupsOptimizer):
                 skip_file_prefixes=INTERNAL_FILES,
             )
         check_choice(f"{where}: `fp32_matmul_prec`", group["fp32_matmul_prec"], get_args(MatmulPrecision))
+        _check_pinned_kernel(getattr(self, "ns_variant", None), group, f"{where}: `ns_variant`")
         check_choice(f"{where}: `scale_mode`", group["scale_mode"], self._scale_modes)
         for key in ("nesterov", "split_qkv", "batched", "flatten"):
             check_flag(f"{where}: `{key}`", group[key])
@@ -452,11 +555,15 @@ class Muon(CheckedGroupsOptimizer):
 
     def _orthogonalize(self, stack: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
         """Stage: a ``(batch, rows, cols)`` stack of directions orthogonalised, not in place
-        (Newton–Schulz; MOP: the SVD's polar factor). ``group`` holds the batch's common settings."""
-        return newton_schulz(
-            stack, steps=group["num_ns_steps"], coefficient_type=group["coefficient_type"],
-            matmul_precision=group["fp32_matmul_prec"],
-        )  # fmt: skip
+        (Newton–Schulz; MOP: the SVD's polar factor). ``group`` holds the batch's common settings.
+
+        The kernel is :attr:`ns_variant`'s: pinned, or probed once per shape class
+        (:func:`~optzoo.optimizers.newton_schulz_probe.choose_kernel`)."""
+        settings = {"steps": group["num_ns_steps"], "coefficient_type": group["coefficient_type"], "matmul_precision": group["fp32_matmul_prec"]}
+        kernel = choose_kernel(stack, setting=self.ns_variant, **settings)
+        if kernel is None:  # the rule: this module's newton_schulz, which tests swap for upstream's
+            return newton_schulz(stack, **settings)
+        return run_kernel(stack, kernel, **settings)
 
     def _scale_(self, out: torch.Tensor, stack: torch.Tensor, blocks: Sequence[_Block]) -> None:
         """Stage: scale each orthogonalised matrix ``out[i]`` (of direction ``stack[i]``, block
@@ -500,6 +607,11 @@ class Muon(CheckedGroupsOptimizer):
     @override
     def _update(self) -> None:
         """One update of every param that has a gradient, one batch of same-shape matrices at a time."""
+        if self.orthogonalization_record is not None:
+            self.orthogonalization_record.start_step()
+        if self.ns_variant is None and os.environ.get(VARIANT_ENV):  # a pin from the environment: checked before any param changes
+            for group in self.param_groups:
+                _check_pinned_kernel(check_kernel_setting(os.environ[VARIANT_ENV], ENV_SUBJECT), group, ENV_SUBJECT)
         batches = self._plan()
         on_owners = orthogonalize_on_owners(self, [block for blocks in batches for block in blocks])
         batches = [kept for blocks in batches if (kept := [b for b in blocks if b.param not in on_owners])]
@@ -539,6 +651,8 @@ class Muon(CheckedGroupsOptimizer):
                     )
                 for block in self._blocks(param, group, where, self.matrix_view(param, group, param_index)):
                     batches.setdefault(self._batch_key(block, len(batches)), []).append(block)
+                    if self.orthogonalization_record is not None:
+                        self.orthogonalization_record.planned(block)
         return list(batches.values())
 
     def matrix_view(self, param: torch.Tensor, group: dict[str, Any], index: int | None = None) -> MatrixView | None:
@@ -604,11 +718,23 @@ class Muon(CheckedGroupsOptimizer):
         Returns:
             ``(len(blocks), rows, cols)``: slot ``i`` is block ``i``'s output, in its own orientation.
         """
+        return self._orthogonalize_stack(self._stack(blocks, matrices), blocks)
+
+    @staticmethod
+    def _stack(blocks: Sequence[_Block], matrices: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``blocks`` (of ``matrices``) copied into one ``(len(blocks), rows, cols)`` stack."""
         first = blocks[0]
         stack = torch.empty((len(blocks), *first.shape), dtype=matrices[0].dtype, device=matrices[0].device)
         for slot, block, matrix in zip(stack, blocks, matrices):
             block.in_slot(slot).copy_(block.of(matrix))
-        out = self._orthogonalize(stack, first.group)  # the batch key makes its settings common to the batch
+        return stack
+
+    def _orthogonalize_stack(self, stack: torch.Tensor, blocks: Sequence[_Block], planned: Sequence[_Block] | None = None) -> torch.Tensor:
+        """A stack of ``blocks`` orthogonalised (one batched call) and scaled. ``planned``: the
+        blocks as the step planned them, where ``blocks`` are an owner's pieces of them (telemetry's sample)."""
+        out = self._orthogonalize(stack, blocks[0].group)  # the batch key makes its settings common to the batch
+        if self.orthogonalization_record is not None:  # before the scale: the Newton-Schulz output itself
+            self.orthogonalization_record.sample(out, blocks if planned is None else planned)
         self._scale_(out, stack, blocks)
         return out
 
@@ -630,6 +756,8 @@ class Muon(CheckedGroupsOptimizer):
             update = take_shard(update, param)
         prepared.local.add_(update, alpha=-lr_value(group))
         self._after_update(prepared)
+        if self.orthogonalization_record is not None:
+            self.orthogonalization_record.applied.add(id(param))
 
     def _after_update(self, prepared: _Prepared) -> None:
         """Stage, per param after ``W ← W − lr · update``: a projection of the weights (SPEL's

@@ -36,17 +36,20 @@ and ``X Xᵀ`` 3 of 4, with no copies (the transposed block reaches the BLAS as 
 ``benchmarks/bench_newton_schulz.py``): 0.86–0.92× the dense loop's time at 1024² and 2048²,
 1.04–1.17× at 512² (hence the threshold); the result differs from the dense loop by rounding only.
 
-Precision (``matmul_precision``, Megatron's ``muon_fp32_matmul_prec``). Upstream sets
-``torch.set_float32_matmul_precision`` around the step and, under ``medium``, casts ``X`` to
-bf16 for the whole loop. We apply the setting for the duration of the call, with one rule of
-our own: **bf16 matmuls are used only on a device with fast low-precision matmul**
-(:func:`has_fast_bf16_matmul`: CUDA compute capability ≥ 8.0, ROCm, XPU). Elsewhere, notably on
-CPU, ``medium`` computes in IEEE float32 and logs that once per device type at DEBUG level
-(``medium`` is Megatron's default, so this is the expected path of every CPU run, not a
-problem to warn about). On CPU, bf16 buys
-no speed and costs accuracy: a bf16 matmul ran at 0.6× float32 on an AVX512-BF16 Xeon (upstream's
-bf16 loop 1.6× slower than its float32 one, benchmarks/bench_newton_schulz.py), and the issue
-reports ~1 against ~150 GFLOP/s on other CPUs. ``high`` is passed to torch as is (TF32 on CUDA).
+Precision (``matmul_precision``, Megatron's ``muon_fp32_matmul_prec``) is a ceiling: the loop
+precisions it allows are :data:`LOOP_PRECISIONS` (``highest``: IEEE; ``high``: also TF32; ``medium``:
+also a bf16 loop). ``loop_precision`` picks one; each call sets torch's float32 matmul precision for
+its duration and leaves every flag as found. Muon passes the kernel its probe measured fastest on
+this machine (:mod:`optzoo.optimizers.newton_schulz_probe`): whether bf16 pays off depends on the
+machine (a bf16 matmul ran at 0.6× float32 on an AVX512-BF16 Xeon and 2.1× on an AMD EPYC with
+``avx512_bf16``). ``loop_precision=None`` keeps the old rule, **bf16 only on a device with fast
+low-precision matmul** (:func:`has_fast_bf16_matmul`: CUDA compute capability ≥ 8.0, ROCm, XPU);
+elsewhere ``medium`` computes in IEEE float32 and logs that once per device type at DEBUG level.
+``high`` is passed to torch as is (TF32 on CUDA).
+
+On tensor-parallel shards, :func:`newton_schulz_sharded` runs the same loop with all-reduced Grams
+(Megatron-Core's ``muon_tp_mode="distributed"``, upstream's ``newton_schulz_tp``), and
+:func:`newton_schulz_sharded_cost` gives its FLOPs and all-reduced bytes per rank.
 
 Deliberate deviations from upstream:
 
@@ -63,11 +66,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, cycle, islice, repeat
 from typing import Any, Final, Literal, NamedTuple, get_args
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from .._common import check_choice
 
@@ -76,16 +82,23 @@ __all__ = [
     "CoefficientType",
     "Coefficients",
     "GRAM_RESTART_PERIOD",
+    "LOOP_PRECISIONS",
+    "LoopPrecision",
     "MatmulPrecision",
     "NewtonSchulzWarning",
     "REPEAT_LAST",
     "SYMMETRIC_BLOCKS_MIN_ROWS",
+    "ShardDim",
+    "ShardedNewtonSchulzCost",
     "Variant",
     "coefficient_schedule",
     "has_fast_bf16_matmul",
     "schedule_problem",
     "newton_schulz",
     "newton_schulz_flops",
+    "newton_schulz_sharded",
+    "newton_schulz_sharded_cost",
+    "orthogonality_error",
     "preserved_matmul_precision",
 ]
 
@@ -93,6 +106,16 @@ CoefficientType = Literal["simple", "quintic", "polar_express", "cans", "aol", "
 """Named coefficient sets; upstream's ``NSCoeffT`` without ``custom``."""
 MatmulPrecision = Literal["highest", "high", "medium"]
 """Megatron's ``muon_fp32_matmul_prec``; upstream's ``FP32MatmulPrecT``."""
+LoopPrecision = Literal["ieee", "tf32", "bf16"]
+"""What the loop's matmuls actually run at: IEEE float32 (float64 for float64 inputs), torch's
+``high`` float32 precision (TF32 on CUDA), or a bf16 loop (upstream's ``medium``)."""
+LOOP_PRECISIONS: Final[dict[str, tuple[LoopPrecision, ...]]] = {
+    "highest": ("ieee",),
+    "high": ("ieee", "tf32"),
+    "medium": ("ieee", "tf32", "bf16"),
+}
+"""The loop precisions each ``matmul_precision`` (Megatron's ``muon_fp32_matmul_prec``) allows: the
+setting is a ceiling on how coarse the matmuls may be, never a demand for the coarse ones."""
 Variant = Literal["auto", "standard", "gram"]
 """Which association of the products to run; see the module docstring."""
 Coefficients = tuple[float, float, float]
@@ -275,7 +298,12 @@ def newton_schulz_flops(
         80
     """
     m, n = min(rows, cols), max(rows, cols)
-    if _uses_symmetric_blocks(m, torch.bfloat16 if bf16 else torch.float32):  # 3 of 4 blocks
+    return batch * _loop_flops(m, n, steps, variant, _uses_symmetric_blocks(m, torch.bfloat16 if bf16 else torch.float32))
+
+
+def _loop_flops(m: int, n: int, steps: int, variant: Literal["standard", "gram"], blocks: bool) -> int:
+    """Matmul FLOPs of one matrix's loop on ``X`` of shape ``m × n`` (its Gram ``X Xᵀ`` is ``m × m``)."""
+    if blocks:  # 3 of 4 blocks
         h, k = m // 2, m - m // 2
         gram = 2 * n * (h * h + h * k + k * k)
         square = 2 * (h**3 + 2 * h * h * k + 2 * h * k * k + k**3)
@@ -283,11 +311,15 @@ def newton_schulz_flops(
         gram, square = 2 * m * m * n, 2 * m**3
     times_x = 2 * m * m * n
     if variant == "standard":  # X Xᵀ, A·A, B·X
-        return batch * steps * (gram + square + times_x)
-    full, last = divmod(steps, GRAM_RESTART_PERIOD)
-    segments = [GRAM_RESTART_PERIOD] * full + ([last] if last else [])
+        return steps * (gram + square + times_x)
     # per segment: R = X Xᵀ and X = Q X, plus L squares, L-1 products Q·P and L-1 updates P R P
-    return batch * sum(gram + times_x + (4 * length - 3) * square for length in segments)
+    return sum(gram + times_x + (4 * length - 3) * square for length in _gram_segments(steps))
+
+
+def _gram_segments(steps: int) -> list[int]:
+    """The steps of each restart segment of the Gram loop."""
+    full, last = divmod(steps, GRAM_RESTART_PERIOD)
+    return [GRAM_RESTART_PERIOD] * full + ([last] if last else [])
 
 
 def newton_schulz(
@@ -298,6 +330,8 @@ def newton_schulz(
     eps: float = 1e-7,
     matmul_precision: MatmulPrecision = "highest",
     variant: Variant = "auto",
+    loop_precision: LoopPrecision | None = None,
+    symmetric_blocks: bool | None = None,
 ) -> torch.Tensor:
     """Orthogonalise a matrix or a batch of same-shape matrices: ``G = U S Vᵀ ↦ ≈ U Vᵀ``.
 
@@ -314,14 +348,22 @@ def newton_schulz(
             (torch's ``high``: TF32 on CUDA) or ``medium`` (bf16 where :func:`has_fast_bf16_matmul`,
             else float32, logged once at DEBUG).
         variant: ``auto`` (default), ``standard`` or ``gram``.
+        loop_precision: what the matmuls run at (:data:`LoopPrecision`), one of
+            ``LOOP_PRECISIONS[matmul_precision]``; ``None`` (default): the device-type rule above.
+            float64 inputs compute in float64 whatever it says. Muon passes the probe's choice
+            (:mod:`optzoo.optimizers.newton_schulz_probe`).
+        symmetric_blocks: keep the ``m × m`` matrices as symmetric blocks (``True``) or dense
+            (``False``); ``None`` (default): from :data:`SYMMETRIC_BLOCKS_MIN_ROWS` rows. Never in
+            a bf16 loop.
 
     Returns:
         The orthogonalised tensor, with ``x``'s shape, dtype and device.
 
     Raises:
         TypeError: ``x`` is not a float tensor, or ``steps`` not an int.
-        ValueError: ``x`` has fewer than 2 dimensions, an argument is out of range or unknown, or
-            ``variant="gram"`` is asked for bf16 or TF32 matmuls.
+        ValueError: ``x`` has fewer than 2 dimensions, an argument is out of range or unknown,
+            ``loop_precision`` is coarser than ``matmul_precision`` allows, or ``variant="gram"``
+            is asked for bf16 or TF32 matmuls.
 
     Example:
         >>> g = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(0))
@@ -333,10 +375,14 @@ def newton_schulz(
     schedule = coefficient_schedule(coefficient_type, steps)
     check_choice("`matmul_precision`", matmul_precision, get_args(MatmulPrecision))
     check_choice("`variant`", variant, get_args(Variant))
-    if not eps > 0 or eps == float("inf"):
-        raise ValueError(f"`eps`: must be positive and finite; got {eps!r}; expected a float in (0, inf)")
+    _check_eps(eps)
 
-    compute_dtype, precision = _compute_dtype_and_precision(x, matmul_precision)
+    compute_dtype, precision = _compute_dtype_and_precision(x, matmul_precision, loop_precision)
+    if symmetric_blocks and compute_dtype == torch.bfloat16:
+        raise ValueError(
+            "`symmetric_blocks`: blocks round each block product once more, too coarse in bf16; got True with a bf16 "
+            "loop; expected None or False, or loop_precision='ieee' or 'tf32'"
+        )
     rows, cols = x.shape[-2:]
     use_gram = _use_gram(variant, compute_dtype, precision, rows, cols, steps, x.device)
     if x.numel() == 0:
@@ -348,11 +394,240 @@ def newton_schulz(
         X = X.mT  # iterate on the smaller Gram matrix
     X = _normalize(X.to(torch.float64 if x.dtype == torch.float64 else torch.float32), eps).to(compute_dtype)
     with _float32_matmul_precision(precision):
-        blocks = _uses_symmetric_blocks(X.size(-2), compute_dtype)
+        blocks = _uses_symmetric_blocks(X.size(-2), compute_dtype) if symmetric_blocks is None else symmetric_blocks
         X = _gram_loop(X, schedule, blocks) if use_gram else _standard_loop(X, schedule, blocks)
     if transpose:
         X = X.mT
     return X.to(x.dtype).reshape(x.shape)
+
+
+ShardDim = Literal[-2, -1, 0, 1]
+"""Which matrix dim a TP shard splits: ``-2``/``0`` the rows, ``-1``/``1`` the columns (``0`` and
+``1`` are Megatron's ``partition_dim`` of a 2-D weight; they name the matrix dims even for a batch)."""
+
+
+class ShardedNewtonSchulzCost(NamedTuple):
+    """What one call of :func:`newton_schulz_sharded` costs one rank."""
+
+    flops: int
+    """Matmul FLOPs on this rank (``2·m·n·k`` per product; elementwise work not counted)."""
+    all_reduce_calls: int
+    """``all_reduce`` calls: 2 for the normalisation, then one per Gram."""
+    all_reduce_bytes: int
+    """Bytes of the buffers this rank all-reduces, summed over the calls (a ring all-reduce sends and
+    receives ``2·(p−1)/p`` of that per rank)."""
+
+
+def newton_schulz_sharded(
+    x_local: torch.Tensor,
+    *,
+    group: dist.ProcessGroup,
+    shard_dim: ShardDim,
+    steps: int = 5,
+    coefficient_type: CoefficientType = "quintic",
+    eps: float = 1e-7,
+    matmul_precision: MatmulPrecision = "highest",
+    variant: Variant = "auto",
+) -> torch.Tensor:
+    """This rank's shard of :func:`newton_schulz` of a matrix split over ``group``, without gathering it.
+
+    Megatron-Core's ``muon_tp_mode="distributed"`` (emerging-optimizers' ``newton_schulz_tp(...,
+    tp_mode="distributed")``). The loop runs on the Gram matrix that contracts over the split dim,
+    so each Gram is the sum of the ranks' local Grams: one ``all_reduce`` (SUM) of the whole batch's
+    Grams per Gram, and every other product is local. Which Gram follows the split, as upstream's
+    ``partition_dim`` rule does (``0``: transposed, Gram ``cols × cols``; ``1``: Gram ``rows × rows``),
+    not the shape: when the *shorter* dim is split, the loop runs on the larger Gram (for a
+    ``1024 × 4096`` matrix split along its rows, a ``4096 × 4096`` Gram instead of ``1024 × 1024``:
+    the same result, with 64× the ``m³`` products and 16× the all-reduced bytes).
+
+    Same math as :func:`newton_schulz`: max-abs then Frobenius normalisation with the ``eps`` floor
+    (an ``all_reduce`` MAX, which also checks that the ranks agree on the unsplit dim, and one SUM
+    of the squares), the same coefficient schedule, precision rule and symmetric blocks (their three blocks
+    are all-reduced in one packed buffer, 3/4 of the Gram's bytes). The result equals
+    :func:`newton_schulz` of the full matrix up to float rounding (the sums run in another order).
+    ``variant="auto"`` takes ``gram`` where it is allowed and needs fewer FLOPs on the rank with
+    the largest piece (each rank repeats the ``m³`` products), so it may pick ``standard`` where
+    one process picks ``gram``; ``gram`` all-reduces one Gram per restart segment instead of one
+    per step. Under ``medium`` on a fast-bf16 device the Grams are all-reduced in bf16, as upstream.
+
+    All-reduces: ``2 + steps`` (``standard``) or ``2 + ⌈steps / 3⌉`` (``gram``), with one host
+    sync after the first (the variant choice and the shape check read it); cost per rank:
+    :func:`newton_schulz_sharded_cost`.
+
+    Args:
+        x_local: this rank's piece ``(..., rows_local, cols)`` or ``(..., rows, cols_local)`` of a
+            batch of matrices; every rank of ``group`` holds one contiguous piece, in rank order
+            (``torch.chunk``'s layout: uneven pieces and empty ones allowed). Not modified.
+        group: the process group the matrices are split over (the TP group); every rank of it must
+            make the same call. ``dist.group.WORLD`` for all ranks.
+        shard_dim: the split dim: ``-2`` or ``0`` the rows, ``-1`` or ``1`` the columns.
+        steps, coefficient_type, eps, matmul_precision, variant: as :func:`newton_schulz`.
+
+    Returns:
+        This rank's piece of the orthogonalised matrices, with ``x_local``'s shape, dtype and device.
+
+    Raises:
+        TypeError: ``x_local`` is not a float tensor (or is a DTensor: pass its ``to_local()``), or
+            ``steps`` not an int.
+        ValueError: ``group`` is ``None`` or not initialised, ``shard_dim`` is not a matrix dim, an
+            argument is out of range (as :func:`newton_schulz`), or the ranks' pieces disagree on the
+            unsplit dim (raised on every rank). Pieces with different batch shapes fail inside the
+            first ``all_reduce`` (its buffer length differs), as any mismatched collective does.
+    """
+    _check_tensor(x_local, "x_local")
+    if isinstance(x_local, DTensor):
+        raise TypeError("`x_local`: must be this rank's local tensor; got a DTensor; expected x.to_local()")
+    split = _check_shard_dim(shard_dim)
+    schedule = coefficient_schedule(coefficient_type, steps)
+    check_choice("`matmul_precision`", matmul_precision, get_args(MatmulPrecision))
+    check_choice("`variant`", variant, get_args(Variant))
+    _check_eps(eps)
+    compute_dtype, precision = _compute_dtype_and_precision(x_local, matmul_precision)
+    allowed = _gram_allowed(variant, compute_dtype, precision, x_local.device)
+    _check_group(group)  # last: every other argument can be checked without a process group
+
+    rows, cols = x_local.shape[-2:]
+    batch = math.prod(x_local.shape[:-2])
+    X = x_local.reshape(batch, rows, cols)  # not reshape(-1, ...): an empty piece has no elements
+    if split == -2:
+        X = X.mT  # the Gram that contracts over the split rows (upstream: partition_dim 0 transposes)
+    m, n_local = X.shape[-2:]
+    if batch == 0 or m == 0:  # every rank holds nothing: the unsplit dims are the same everywhere
+        return x_local.clone()
+    work_dtype = torch.float64 if x_local.dtype == torch.float64 else torch.float32
+    X, n_max = _normalize_sharded(X.to(work_dtype), eps, group, "`x_local`")
+    blocks = _uses_symmetric_blocks(m, compute_dtype)
+    use_gram = _sharded_uses_gram(variant, allowed, m, n_max, steps, blocks)
+    reduce = functools.partial(_all_reduce_packed, group=group)
+    X = X.to(compute_dtype)
+    with _float32_matmul_precision(precision):
+        X = _gram_loop(X, schedule, blocks, reduce) if use_gram else _standard_loop(X, schedule, blocks, reduce)
+    if split == -2:
+        X = X.mT
+    return X.to(x_local.dtype).reshape(x_local.shape)
+
+
+def newton_schulz_sharded_cost(
+    rows: int,
+    cols: int,
+    *,
+    shard_dim: ShardDim,
+    world_size: int,
+    steps: int,
+    variant: Variant = "auto",
+    batch: int = 1,
+    compute_dtype: torch.dtype = torch.float32,
+    rank: int | None = None,
+) -> ShardedNewtonSchulzCost:
+    """FLOPs and all-reduced bytes of one :func:`newton_schulz_sharded` call, on one rank.
+
+    With ``m`` the unsplit dim (the Gram's side) and ``n_r`` rank ``r``'s piece of the split dim, a
+    ``standard`` step costs ``4·m²·n_r + 2·m³`` FLOPs (one process: ``4·m²·n + 2·m³``; the ``m³``
+    square is repeated on every rank) and all-reduces ``m²`` elements per matrix in the loop's dtype
+    (3/4 of that with symmetric blocks). The normalisation adds a float64 MAX of ``batch + 3`` and
+    a SUM of ``batch`` values.
+
+    Args:
+        rows, cols: the full matrix shape.
+        shard_dim: the split dim, as :func:`newton_schulz_sharded`.
+        world_size: ranks in the group; pieces follow ``torch.chunk``.
+        steps: Newton–Schulz iterations.
+        variant: ``standard``, ``gram``, or ``auto`` (the kernel's choice for IEEE matmuls; pass
+            ``standard`` for a TF32 run).
+        batch: matrices per call.
+        compute_dtype: the loop's dtype: float32, bfloat16 (``medium`` on a fast-bf16 device) or float64.
+        rank: whose piece; ``None`` for the largest (rank 0's, the one the step waits for).
+
+    Example:
+        >>> newton_schulz_sharded_cost(64, 256, shard_dim=-1, world_size=4, steps=5, variant="standard")
+        ShardedNewtonSchulzCost(flops=7864320, all_reduce_calls=7, all_reduce_bytes=81956)
+    """
+    split = _check_shard_dim(shard_dim)
+    _check_steps(steps)
+    check_choice("`variant`", variant, get_args(Variant))
+    if compute_dtype not in (torch.float32, torch.bfloat16, torch.float64):
+        raise ValueError(f"`compute_dtype`: not a loop dtype; got {compute_dtype}; expected torch.float32, torch.bfloat16 or torch.float64")
+    if world_size < 1:
+        raise ValueError(f"`world_size`: must be at least 1; got {world_size}; expected an integer >= 1")
+    if rank is not None and not 0 <= rank < world_size:
+        raise ValueError(f"`rank`: out of range; got {rank}; expected None or 0 <= rank < {world_size}")
+    m, n = (cols, rows) if split == -2 else (rows, cols)
+    chunk = -(-n // world_size)
+    n_max = min(n, chunk)
+    n_local = n_max if rank is None else max(0, min(chunk, n - rank * chunk))
+    blocks = _uses_symmetric_blocks(m, compute_dtype)
+    allowed = compute_dtype in (torch.float32, torch.float64)
+    use_gram = _sharded_uses_gram(variant, allowed, m, n_max, steps, blocks)
+    grams = len(_gram_segments(steps)) if use_gram else steps
+    h, k = m // 2, m - m // 2
+    gram_elements = h * h + h * k + k * k if blocks else m * m
+    work_size = 8 if compute_dtype == torch.float64 else 4
+    nbytes = 8 * (batch + len(_SHAPE_FACTS)) + work_size * batch + grams * batch * gram_elements * compute_dtype.itemsize
+    flops = batch * _loop_flops(m, n_local, steps, "gram" if use_gram else "standard", blocks)
+    return ShardedNewtonSchulzCost(flops=flops, all_reduce_calls=2 + grams, all_reduce_bytes=nbytes)
+
+
+_SHAPE_FACTS: Final = ("m", "-m", "n_local")
+"""Appended to the normalisation's MAX all-reduce: the ranks' min and max of the unsplit matrix dim
+(it must agree), and the largest piece (the variant choice must be the same on every rank). The
+batch cannot be checked this way: it sets the buffer's length, so a mismatch fails in the collective."""
+
+
+def _normalize_sharded(X: torch.Tensor, eps: float, group: dist.ProcessGroup, name: str) -> tuple[torch.Tensor, int]:
+    """:func:`_normalize` of the matrices whose column pieces the ranks hold, and the largest piece."""
+    batch, m, n_local = X.shape
+    amax = torch.linalg.vector_norm(X, ord=float("inf"), dim=(-2, -1)) if n_local else X.new_zeros(batch)
+    facts = torch.tensor([m, -m, n_local], dtype=torch.float64, device=X.device)
+    buffer = torch.cat([amax.to(torch.float64), facts])  # float64 holds float32 amaxes and sizes exactly
+    dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=group)
+    m_max, m_min, n_max = buffer[batch:].tolist()
+    if (m_max, -m_min) != (m, m):
+        raise ValueError(
+            f"{name}: the ranks' pieces disagree on the unsplit matrix dim; got {m} here, from {-m_min:.0f} to "
+            f"{m_max:.0f} across `group`; expected every rank to hold the same matrices, split along `shard_dim` only"
+        )
+    amax = buffer[:batch].to(X.dtype).view(batch, 1, 1)
+    Y = X / amax.masked_fill(amax == 0, 1.0)  # division, not a reciprocal: 1/amax may overflow
+    squares = (Y * Y).sum(dim=(-2, -1))
+    dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group)
+    return Y.div_(squares.sqrt().clamp_min(eps).view(batch, 1, 1)), int(n_max)
+
+
+def _sharded_uses_gram(variant: Variant, allowed: bool, m: int, n_max: int, steps: int, blocks: bool) -> bool:
+    if variant != "auto":
+        return variant == "gram"
+    return allowed and _loop_flops(m, n_max, steps, "gram", blocks) < _loop_flops(m, n_max, steps, "standard", blocks)
+
+
+def _all_reduce_packed(tensors: Sequence[torch.Tensor], *, group: dist.ProcessGroup) -> None:
+    """Sum ``tensors`` over ``group`` in place, in one ``all_reduce``."""
+    if len(tensors) == 1 and tensors[0].is_contiguous():
+        dist.all_reduce(tensors[0], op=dist.ReduceOp.SUM, group=group)
+        return
+    flat = torch.cat([tensor.reshape(-1) for tensor in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    for tensor, piece in zip(tensors, torch.split(flat, [tensor.numel() for tensor in tensors]), strict=True):
+        tensor.copy_(piece.view_as(tensor))
+
+
+def _check_group(group: object) -> None:
+    if group is None:
+        raise ValueError(
+            "`group`: a process group is required; got None; expected the group the matrices are split over "
+            "(dist.group.WORLD for all ranks)"
+        )
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"`group`: must be a torch.distributed.ProcessGroup; got {type(group).__name__}")
+    if not dist.is_initialized():
+        raise ValueError("`group`: torch.distributed is not initialised; got a group; expected dist.init_process_group() first")
+
+
+def _check_shard_dim(shard_dim: object) -> Literal[-2, -1]:
+    if isinstance(shard_dim, bool) or shard_dim not in (-2, -1, 0, 1):
+        raise ValueError(
+            f"`shard_dim`: not a matrix dim; got {shard_dim!r}; expected -2 or 0 (rows split) or -1 or 1 (columns split)"
+        )
+    return -2 if shard_dim in (-2, 0) else -1
 
 
 def _normalize(X: torch.Tensor, eps: float) -> torch.Tensor:
@@ -369,32 +644,41 @@ def _uses_symmetric_blocks(rows: int, compute_dtype: torch.dtype) -> bool:
     return rows >= SYMMETRIC_BLOCKS_MIN_ROWS and compute_dtype != torch.bfloat16
 
 
-def _standard_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...], blocks: bool) -> torch.Tensor:
+_Reduce = Callable[[Sequence[torch.Tensor]], None]
+"""Sums, in place and over the ranks holding the shards of ``X``, the pieces of a Gram ``X Xᵀ``
+(:func:`newton_schulz_sharded`); ``None`` on one process."""
+
+
+def _standard_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...], blocks: bool, reduce: _Reduce | None = None) -> torch.Tensor:
     """``A = X Xᵀ;  X ← a X + (b A + c A²) X`` for each ``(a, b, c)`` (upstream's step)."""
     if blocks:
-        return _standard_loop_blocked(X, schedule)
+        return _standard_loop_blocked(X, schedule, reduce)
     for a, b, c in schedule:
         A = X @ X.mT
+        if reduce is not None:
+            reduce([A])
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
         X = torch.baddbmm(X, B, X, beta=a)
     return X
 
 
-def _gram_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...], blocks: bool) -> torch.Tensor:
+def _gram_loop(X: torch.Tensor, schedule: tuple[Coefficients, ...], blocks: bool, reduce: _Reduce | None = None) -> torch.Tensor:
     """Gram Newton–Schulz, restarted every :data:`GRAM_RESTART_PERIOD` steps."""
     segment = _gram_segment_blocked if blocks else _gram_segment
     for start in range(0, len(schedule), GRAM_RESTART_PERIOD):
-        X = segment(X, schedule[start : start + GRAM_RESTART_PERIOD])
+        X = segment(X, schedule[start : start + GRAM_RESTART_PERIOD], reduce)
     return X
 
 
-def _gram_segment(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+def _gram_segment(X: torch.Tensor, schedule: tuple[Coefficients, ...], reduce: _Reduce | None = None) -> torch.Tensor:
     """``R = X Xᵀ;  P = a I + b R + c R²;  Q ← Q P;  R ← P R P;``  then ``Q X``.
 
     Every ``P`` and ``R`` is a polynomial in ``X Xᵀ``, so they commute and ``(Q X)(Q X)ᵀ = R``:
     the result equals ``len(schedule)`` standard steps.
     """
     R = X @ X.mT
+    if reduce is not None:
+        reduce([R])
     Q: torch.Tensor | None = None
     for index, (a, b, c) in enumerate(schedule):
         P = torch.baddbmm(R, R, R, beta=b, alpha=c)
@@ -463,17 +747,21 @@ def _row_halves(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return X[..., :half, :], X[..., half:, :]
 
 
-def _standard_loop_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+def _standard_loop_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...], reduce: _Reduce | None = None) -> torch.Tensor:
     """:func:`_standard_loop` with ``A`` and ``b A + c A²`` kept as :class:`_Symmetric` blocks."""
     for a, b, c in schedule:
         A = _Symmetric.gram(X)
+        if reduce is not None:
+            reduce(A)
         X = A.polynomial(A @ A, 0.0, b, c).times(X, plus=a)
     return X
 
 
-def _gram_segment_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -> torch.Tensor:
+def _gram_segment_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...], reduce: _Reduce | None = None) -> torch.Tensor:
     """:func:`_gram_segment` with every ``m × m`` matrix kept as :class:`_Symmetric` blocks."""
     R = _Symmetric.gram(X)
+    if reduce is not None:
+        reduce(R)
     Q: _Symmetric | None = None
     for index, (a, b, c) in enumerate(schedule):
         P = R.polynomial(R @ R, a, b, c)
@@ -484,8 +772,27 @@ def _gram_segment_blocked(X: torch.Tensor, schedule: tuple[Coefficients, ...]) -
     return Q.times(X)
 
 
-def _compute_dtype_and_precision(x: torch.Tensor, requested: MatmulPrecision) -> tuple[torch.dtype, MatmulPrecision]:
+_LOOP_SETTINGS: Final[dict[LoopPrecision, tuple[torch.dtype, MatmulPrecision]]] = {
+    "ieee": (torch.float32, "highest"),
+    "tf32": (torch.float32, "high"),
+    "bf16": (torch.bfloat16, "medium"),
+}
+
+
+def _compute_dtype_and_precision(
+    x: torch.Tensor, requested: MatmulPrecision, loop: LoopPrecision | None = None
+) -> tuple[torch.dtype, MatmulPrecision]:
     """The dtype the loop runs in and the float32 matmul precision it runs under."""
+    if loop is not None:
+        allowed = LOOP_PRECISIONS[requested]
+        if loop not in allowed:
+            check_choice("`loop_precision`", loop, get_args(LoopPrecision))
+            raise ValueError(
+                f"`loop_precision`: coarser than matmul_precision={requested!r} allows; got {loop!r}; expected one of {list(allowed)}"
+            )
+        if x.dtype == torch.float64:
+            return torch.float64, "highest"
+        return _LOOP_SETTINGS[loop]
     if x.dtype == torch.float64:
         return torch.float64, requested
     if requested != "medium":
@@ -505,6 +812,15 @@ def _compute_dtype_and_precision(x: torch.Tensor, requested: MatmulPrecision) ->
 def _use_gram(
     variant: Variant, dtype: torch.dtype, precision: MatmulPrecision, rows: int, cols: int, steps: int, device: torch.device
 ) -> bool:
+    allowed = _gram_allowed(variant, dtype, precision, device)
+    if variant != "auto":
+        return variant == "gram"
+    flops = {v: newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")}
+    return allowed and flops["gram"] < flops["standard"]
+
+
+def _gram_allowed(variant: Variant, dtype: torch.dtype, precision: MatmulPrecision, device: torch.device) -> bool:
+    """Whether the Gram variant may run (IEEE float32 or float64 matmuls); raises if asked for anyway."""
     allowed = dtype == torch.float64 or (dtype == torch.float32 and precision == "highest")
     if variant == "gram" and not allowed:
         raise ValueError(
@@ -512,10 +828,7 @@ def _use_gram(
             f"got matmul_precision={precision!r} ({dtype}) on {device.type}; "
             f"expected variant='auto' or 'standard', or matmul_precision='highest'"
         )
-    if variant != "auto":
-        return variant == "gram"
-    flops = {v: newton_schulz_flops(rows, cols, steps=steps, variant=v) for v in ("standard", "gram")}
-    return allowed and flops["gram"] < flops["standard"]
+    return allowed
 
 
 PrecisionFlags = tuple[str, str | None, str | None]
@@ -576,15 +889,20 @@ def _float32_matmul_precision(precision: MatmulPrecision) -> Iterator[None]:
         yield
 
 
-def _check_tensor(x: object) -> None:
+def _check_tensor(x: object, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"`x`: must be a tensor; got {type(x).__name__}; expected a float torch.Tensor")
+        raise TypeError(f"`{name}`: must be a tensor; got {type(x).__name__}; expected a float torch.Tensor")
     if not x.is_floating_point():
-        raise TypeError(f"`x`: must be a float tensor; got dtype {x.dtype}; expected float32, float64, bfloat16 or float16")
+        raise TypeError(f"`{name}`: must be a float tensor; got dtype {x.dtype}; expected float32, float64, bfloat16 or float16")
     if x.ndim < 2:
         raise ValueError(
-            f"`x`: needs a matrix or a batch of matrices; got shape {tuple(x.shape)}; expected (..., rows, cols)"
+            f"`{name}`: needs a matrix or a batch of matrices; got shape {tuple(x.shape)}; expected (..., rows, cols)"
         )
+
+
+def _check_eps(eps: float) -> None:
+    if not eps > 0 or eps == float("inf"):
+        raise ValueError(f"`eps`: must be positive and finite; got {eps!r}; expected a float in (0, inf)")
 
 
 def _check_steps(steps: object) -> None:
@@ -592,3 +910,28 @@ def _check_steps(steps: object) -> None:
         raise TypeError(f"`steps`: must be an int; got {steps!r}; expected an integer >= 1")
     if steps < 1:
         raise ValueError(f"`steps`: must be at least 1; got {steps}; expected an integer >= 1")
+
+
+def orthogonality_error(x: torch.Tensor) -> torch.Tensor:
+    """How far a ``rows × cols`` matrix is from orthogonal: ``‖G − I‖_F / √k``, ``G`` its Gram
+    matrix on the short side (``X Xᵀ`` for a wide matrix, ``Xᵀ X`` for a tall one), ``k = min(rows, cols)``.
+
+    That is the RMS of ``σᵢ² − 1`` over the matrix's ``k`` singular values: 0 for an orthogonal
+    matrix whatever its shape (the long-side Gram ``XᵀX`` of a wide matrix has rank ``k`` and is
+    never ``I``), comparable across shapes. One ``k × k`` Gram product, in float32 (float64 for
+    float64), at torch's current matmul precision: a fraction of one Newton–Schulz iteration.
+
+    Example:
+        >>> q = torch.linalg.qr(torch.randn(8, 5, dtype=torch.float64)).Q  # orthonormal columns
+        >>> float(orthogonality_error(q)) < 1e-12, round(float(orthogonality_error(2 * q)), 12)  # σ² − 1 = 3
+        (True, 3.0)
+    """
+    if x.ndim != 2:
+        raise ValueError(f"`x`: must be one matrix; got shape {tuple(x.shape)}; expected (rows, cols)")
+    x = x if x.dtype == torch.float64 else x.float()
+    rows, cols = x.shape
+    gram = x @ x.T if rows <= cols else x.T @ x
+    k = min(rows, cols)
+    gram.diagonal().sub_(1.0)
+    error: torch.Tensor = torch.linalg.matrix_norm(gram) / math.sqrt(k)
+    return error

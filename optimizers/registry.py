@@ -116,7 +116,7 @@ class OptimizerSpec:
     """Which parameter shapes it takes, in words, e.g. ``"any"`` or ``"2-D only"``."""
     state_bytes: StateBytes
     """Bytes of optimizer state per param (see :data:`StateBytes`): memory planners and the
-    comparison table read it; ``tests/optimizers/test_registry_facts_state.py`` measures it."""
+    comparison table read it; ``tests/optimizers/test_state_bytes.py`` measures it."""
     config_fields: tuple[str, ...]
     """Config fields it reads besides ``lr`` and ``weight_decay``."""
     instance_fields: tuple[str, ...]
@@ -150,6 +150,20 @@ class OptimizerSpec:
     transaction: params and state are kept, the result checked, and everything put back and the
     step reported as skipped when it is not finite. Costs a copy of its state per step (small next
     to its O(n³) eigendecompositions)."""
+    whole_params: str = ""
+    """Why it needs each param whole and cannot step FSDP2 shards (DTensor params), in words;
+    empty: it steps shards. ``build`` refuses such params by name, and ``optzoo estimate`` and
+    ``dump-param-groups --mesh`` refuse a plan that would hand it shards."""
+
+    def __post_init__(self) -> None:
+        if self.whole_params:  # the fact is the check: the record's build refuses shards itself
+            build, name, why = self.build, self.name, self.whole_params
+
+            def build_whole(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
+                _refuse_dtensors(groups, name, why)
+                return build(groups, instance)
+
+            object.__setattr__(self, "build", build_whole)
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
@@ -378,7 +392,6 @@ def _build_soap(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim
             "`OptimizerConfig.soap_precondition_frequency`: emerging-optimizers 0.3.0's SOAP "
             f"refreshes its preconditioner every step; got {instance['soap_precondition_frequency']!r}; expected 1"
         )
-    _refuse_dtensors(groups, "soap")
     return _emerging.soap(groups, use_kl_shampoo=instance["soap_use_kl_shampoo"])
 
 
@@ -449,6 +462,7 @@ def _matrix_only(
     matrix_views: bool = False,
     verified_step: bool = False,
     constraint: str = "",
+    whole_params: str = "",
 ) -> OptimizerSpec:
     """A record for a matrix algorithm that hands everything else to ``muon_scalar_optimizer``,
     as Megatron-Core routes Muon's and SOAP's non-matrix and embedding params to Adam."""
@@ -471,6 +485,7 @@ def _matrix_only(
         declines_what=_DECLINES,
         matrix_views=matrix_views,
         constraint=constraint,
+        whole_params=whole_params,
     )
 
 
@@ -494,6 +509,7 @@ register(
         },  # fmt: skip
         build=_build_soap,
         verified_step=True,  # its eigendecompositions of G·Gᵀ overflow float32 for finite grads ~1e16
+        whole_params=_PRECONDITIONS_SHARDS,
     )
 )
 
@@ -501,8 +517,12 @@ register(
 _MUON_FIELDS = (
     "muon_momentum", "muon_nesterov", "muon_fp32_matmul_prec", "muon_coefficient_type", "muon_num_ns_steps",
     "muon_scale_mode", "muon_extra_scale_factor", "muon_split_qkv", "muon_tp_mode", "muon_scalar_optimizer",
-    "muon_scalar_lr", "muon_flatten_conv", "muon_input_layers", "muon_fsdp_orthogonalize",
+    "muon_scalar_lr", "muon_flatten_conv", "muon_input_layers", "muon_fsdp_orthogonalize", "muon_bucket_size",
+    "muon_ns_variant",
 )  # fmt: skip
+_MUON_INSTANCE_FIELDS = ("muon_fsdp_orthogonalize", "muon_tp_mode", "muon_bucket_size", "muon_ns_variant")
+"""Settings of a Muon instance, not of a group: how its FSDP2 step is planned across the mesh, and
+which Newton–Schulz kernel it runs."""
 _MUON_SHAPES = "matrices, expert stacks, conv filters"
 
 
@@ -511,11 +531,13 @@ def _without_ns_warning(cls: Callable[..., Muon], groups: ParamGroups, instance:
     (``OptimizerConfig`` does, once per config)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NewtonSchulzWarning)
-        return cls(groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"])
+        return cls(
+            groups, fsdp_orthogonalize=instance["muon_fsdp_orthogonalize"], tp_mode=instance["muon_tp_mode"],
+            bucket_size=instance["muon_bucket_size"], ns_variant=instance["muon_ns_variant"],
+        )  # fmt: skip
 
 
 def _muon_options(c: Mapping[str, Any]) -> dict[str, Any]:
-    # muon_tp_mode is accepted and has no effect: without tensor parallelism every mode is the same.
     return {
         "momentum": c["muon_momentum"], "nesterov": c["muon_nesterov"], "fp32_matmul_prec": c["muon_fp32_matmul_prec"],
         "coefficient_type": c["muon_coefficient_type"], "num_ns_steps": c["muon_num_ns_steps"],
@@ -535,7 +557,7 @@ register(
         state_bytes=per_element_state(1, float32=True),
         place=_place_muon,
         config_fields=_MUON_FIELDS,
-        instance_fields=("muon_fsdp_orthogonalize",),
+        instance_fields=_MUON_INSTANCE_FIELDS,
         group_options=_muon_options,
         build=lambda groups, instance: _without_ns_warning(Muon, groups, instance),
         matrix_views=True,
@@ -562,7 +584,7 @@ register(
         state_bytes=_adaptive_muon_state_bytes,
         place=_place_muon,
         config_fields=(*_MUON_FIELDS, "adaptive_muon_moment2_method", "adaptive_muon_beta2", "adaptive_muon_eps"),
-        instance_fields=("muon_fsdp_orthogonalize",),
+        instance_fields=_MUON_INSTANCE_FIELDS,
         group_options=lambda c: {
             **_muon_options(c), "moment2_method": c["adaptive_muon_moment2_method"],
             "beta2": c["adaptive_muon_beta2"], "eps": c["adaptive_muon_eps"],
@@ -579,8 +601,6 @@ def _orthogonalized(
     constraint: str = "",
 ) -> OptimizerSpec:
     def build(groups: ParamGroups, instance: Mapping[str, Any]) -> Muon:
-        if constraint:  # the weights are projected whole after each update: a shard cannot be
-            _refuse_dtensors(groups, name, f"it keeps the weights on {constraint} after each update")
         return _without_ns_warning(cls, groups, instance)
 
     """A record for a variant on Muon's step loop (:mod:`optzoo.optimizers.orthogonalized`): Muon's
@@ -588,8 +608,9 @@ def _orthogonalized(
     return _matrix_only(
         name=name, description=description, source="optzoo", family="orthogonalized", update_cost=update_cost,
         shapes=shapes, state_bytes=per_element_state(1, float32=True), place=_place_muon,
-        config_fields=(*_MUON_FIELDS, *fields), instance_fields=("muon_fsdp_orthogonalize",),
+        config_fields=(*_MUON_FIELDS, *fields), instance_fields=_MUON_INSTANCE_FIELDS,
         group_options=options, build=build, matrix_views=True, constraint=constraint,
+        whole_params=f"it keeps the weights on {constraint} after each update" if constraint else "",
     )  # fmt: skip
 
 
@@ -678,12 +699,10 @@ def _adafactor_state_bytes(shape: tuple[int, ...], fields: Mapping[str, Any], dt
 
 
 def _build_adafactor(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    _refuse_dtensors(groups, "adafactor", "torch's Adafactor reduces each whole param, its RMS and row and column factors, and has no sharded kernel")
     return torch.optim.Adafactor(groups, foreach=True)
 
 
 def _build_torch_muon(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    _refuse_dtensors(groups, "torch_muon", "torch.optim.Muon orthogonalises the tensor it is given: a shard's Newton-Schulz is not the matrix's")
     return torch.optim.Muon(groups)
 
 
@@ -708,6 +727,7 @@ register(
         },  # fmt: skip
         build=_build_adafactor,
         scalar_fallback=True,
+        whole_params="torch's Adafactor reduces each whole param, its RMS and row and column factors, and has no sharded kernel",
     )
 )
 
@@ -737,6 +757,7 @@ register(
             "adjust_lr_fn": c["torch_muon_adjust_lr_fn"],
         },  # fmt: skip
         build=_build_torch_muon,
+        whole_params="torch.optim.Muon orthogonalises the tensor it is given: a shard's Newton-Schulz is not the matrix's",
     )
 )
 
@@ -749,7 +770,6 @@ slices, are per matrix). Expert stacks and conv filters go to ``muon_scalar_opti
 
 
 def _build_rekls(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    _refuse_dtensors(groups, "rekls")
     return _emerging.rekls(groups)
 
 
@@ -773,6 +793,7 @@ register(
         },  # fmt: skip
         build=_build_rekls,
         verified_step=True,  # SOAP's: its eigendecompositions of G·Gᵀ overflow float32 for finite grads ~1e16
+        whole_params=_PRECONDITIONS_SHARDS,
     )
 )
 
@@ -791,7 +812,6 @@ def _refuse_16_bit(groups: ParamGroups, name: str, why: str) -> None:
 
 
 def _build_psgd_pro(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-    _refuse_dtensors(groups, "psgd_pro")
     _refuse_complex(groups, "psgd_pro", "its preconditioner fit takes real gradient covariances")
     _refuse_16_bit(groups, "psgd_pro", "upstream's Kronecker factors are float32 and its contractions need one dtype")
     return _emerging.psgd_pro(
@@ -843,13 +863,13 @@ register(
         # estimates, then a Procrustes rotation sized from traces): a non-finite result from finite
         # grads is not ruled out, so it is checked; a copy of O(m² + n²) state next to an O(m³ + n³) step.
         verified_step=True,
+        whole_params=_PRECONDITIONS_SHARDS,
     )
 )
 
 
 def _build_oblique(name: str, build: Callable[[ParamGroups], torch.optim.Optimizer]) -> Callable[[ParamGroups, Mapping[str, Any]], torch.optim.Optimizer]:
     def build_checked(groups: ParamGroups, instance: Mapping[str, Any]) -> torch.optim.Optimizer:
-        _refuse_dtensors(groups, name)
         _refuse_complex(groups, name, "its retraction normalises real rows or columns")
         return build(groups)
 
@@ -872,6 +892,7 @@ register(
         instance_fields=(),
         group_options=lambda c: {"momentum": c["oblique_sgd_momentum"], "dim": c["oblique_sgd_dim"], "eps": c["oblique_sgd_eps"]},
         build=_build_oblique("oblique_sgd", _emerging.oblique_sgd),
+        whole_params=_PRECONDITIONS_SHARDS,
     )
 )
 
@@ -895,5 +916,6 @@ register(
             "eps": c["oblique_adam_eps"], "correct_bias": c["oblique_adam_correct_bias"],
         },  # fmt: skip
         build=_build_oblique("oblique_adam", _emerging.oblique_adam),
+        whole_params=_PRECONDITIONS_SHARDS,
     )
 )

@@ -5,12 +5,20 @@ from typing import Any as _Any
 
 from optzoo._common import MatrixView
 from optzoo.config import AdamOptimizerConfig, OptimizerConfig, SGDOptimizerConfig
+from optzoo.estimate import MemoryEstimate, estimate
 from optzoo.config_file import dump_recipe, load_recipe, parse_recipe, recipe_from_overrides, shipped_recipes
 from optzoo.factory import get_megatron_optimizer, get_optimizer
 from optzoo.groups import ResolvedGroup, get_standard_config_overrides, resolve_group_configs
 from optzoo.lint import Finding, Fix, RoutingLintWarning, apply_fixes, lint_routing
 from optzoo.mup import get_mup_config_overrides
 from optzoo.optimizers.registry import OptimizerSpec, register, registered_names
+from optzoo.recipe_formats import (
+    dump_megatron_yaml,
+    megatron_from_overrides,
+    overrides_from_megatron,
+    parse_megatron_yaml,
+    torchtitan_param_groups,
+)
 from optzoo.routing import (
     GuessedRolesWarning,
     ParamKey,
@@ -35,7 +43,12 @@ from optzoo.wrapper import (
     LastStep,
     MegatronGradScaler,
     MixedPrecisionOptimizer,
+    NotOrthogonalizedWarning,
+    RoutingChange,
+    RoutingChangeReport,
+    RoutingChangeWarning,
     make_grad_scaler,
+    metrics_to_floats,
 )
 
 __all__ = [
@@ -51,7 +64,9 @@ __all__ = [
     "LastStep",
     "MatrixView",
     "MegatronGradScaler",
+    "MemoryEstimate",
     "MixedPrecisionOptimizer",
+    "NotOrthogonalizedWarning",
     "OptimizerConfig",
     "OptimizerParamScheduler",
     "OptimizerSpec",
@@ -60,11 +75,16 @@ __all__ = [
     "ParamRoles",
     "ParamWithNamePredicate",
     "ResolvedGroup",
+    "RoutingChange",
+    "RoutingChangeReport",
+    "RoutingChangeWarning",
     "RoutingConflictError",
     "RoutingLintWarning",
     "SGDOptimizerConfig",
     "apply_fixes",
+    "dump_megatron_yaml",
     "dump_recipe",
+    "estimate",
     "get_canonical_lr_for_logging",
     "get_megatron_optimizer",
     "get_mup_config_overrides",
@@ -75,6 +95,10 @@ __all__ = [
     "lint_routing",
     "load_recipe",
     "make_grad_scaler",
+    "megatron_from_overrides",
+    "metrics_to_floats",
+    "overrides_from_megatron",
+    "parse_megatron_yaml",
     "parse_recipe",
     "recipe_from_overrides",
     "register",
@@ -84,6 +108,7 @@ __all__ = [
     "resolve_group_configs",
     "resolve_param_groups",
     "shipped_recipes",
+    "torchtitan_param_groups",
     "unregister_predicate",
 ]
 

@@ -359,3 +359,31 @@ def show_value(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
         return f"an int of {len(str(abs(value)))} digits"
     return repr(value)
+
+
+# ---- overrides as merging sees them (recipes in other shapes order or refuse by these) -------
+
+
+def same_override_value(a: Any, b: Any) -> bool:
+    """Two override values agree as optzoo's merge sees them (``0`` and ``0.0`` agree; bools do not)."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b or (a != a and b != b)
+    return type(a) is type(b) and bool(a == b)
+
+
+def override_covers(big: Mapping[str, Any], small: Mapping[str, Any]) -> bool:
+    """Merging ``small`` into ``big`` changes nothing: every field of ``small`` is in ``big``, equal."""
+    return all(field in big and same_override_value(big[field], value) for field, value in small.items())
+
+
+def conflicting_field(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """A field both overrides set to different values (optzoo refuses a param both match), or ``None``."""
+    return next((field for field in a if field in b and not same_override_value(a[field], b[field])), None)
+
+
+def key_field_shown(key: Any, field: str) -> str:
+    """``field=value`` of a ``ParamKey`` as its ``describe()`` shows it (predicates by name)."""
+    value = getattr(key, field)
+    entries = [e if isinstance(e, str) else e.name for e in (value if isinstance(value, tuple) else (value,))]
+    return f"{field}={entries[0]!r}" if len(entries) == 1 else f"{field}={tuple(entries)!r}"

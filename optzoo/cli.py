@@ -1,4 +1,4 @@
-"""The ``optzoo`` command line: ``list``, ``recipes``, ``dump-param-groups``, ``lint`` and ``demo``.
+"""The ``optzoo`` command line: ``list``, ``recipes``, ``dump-param-groups``, ``estimate``, ``lint`` and ``demo``.
 
 Text output fits the width :func:`optzoo.reporting.output_width` gives (``COLUMNS``, else the
 terminal's, else 80 when piped): tables move long cells under their row or wrap them, and long
@@ -17,8 +17,9 @@ import re
 import sys
 import tomllib
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, get_args
 
 from tabulate import tabulate
 
@@ -27,20 +28,40 @@ from optzoo.config import OptimizerConfig
 from optzoo.config_file import load_config_file, shipped_recipes
 from optzoo.distributed.plan import Mode, plan_shards
 from optzoo.distributed.setup import is_expert
-from optzoo.groups import ResolvedGroup, resolve_group_configs
+from optzoo.estimate import Distributed, estimate_groups
+from optzoo.groups import OverrideValue, ResolvedGroup, resolve_group_configs
 from optzoo.lint import Finding, findings_as_json, lint_routing
+from optzoo.mesh_plan import (
+    DEFAULT_TP_PLAN,
+    MeshPlan,
+    MeshSpec,
+    gathered_params,
+    model_tp_plan,
+    parse_bytes,
+    parse_mesh,
+    parse_tp_plan,
+    plan_mesh,
+)
 from optzoo.models import BUILTIN_MODELS, build_model
+from optzoo.optimizers.owner_compute import TPMode
 from optzoo.reporting import (
     EXPLAIN_HEADERS,
     GROUP_HEADERS,
     OPTIMIZER_HEADERS,
     RANK_HEADERS,
+    estimate_group_rows,
+    ESTIMATE_GROUP_HEADERS,
+    estimate_rank_table,
+    estimate_summary,
     explain_rows,
+    newton_schulz_rows,
+    NEWTON_SCHULZ_HEADERS,
     fit_table,
     format_gflop,
     group_rows,
     optimizer_rows,
     output_width,
+    owner_compute_text,
     owner_shards,
     owner_text,
     param_group_map,
@@ -48,8 +69,11 @@ from optzoo.reporting import (
     widest_line,
     wrap_lines,
 )
-from optzoo.routing import Routing, named_trainable_parameters
+from optzoo.routing import ParamKey, Routing, named_trainable_parameters
 from optzoo.wrapper.param_map import check_param_dtypes
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LINT_EXIT_STATUS", "build_parser", "main"]
 
@@ -136,11 +160,47 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
+    if args.to is not None or args.source != "optzoo" or args.config is not None:
+        return _convert_recipe(args)
     recipes = shipped_recipes()
     if args.format == "json":
         print(json.dumps([{"name": name, "description": text} for name, text in recipes.items()], indent=2))
         return 0
     print(fit_table(list(recipes.items()), ["recipe", "description"], output_width(), wrap=[1]))
+    return 0
+
+
+def _convert_recipe(args: argparse.Namespace) -> int:
+    """``recipes --config FILE [--from megatron-yaml] --to FORMAT``: one recipe in another shape."""
+    from optzoo.config_file import dump_recipe, recipe_from_overrides
+    from optzoo.recipe_formats import MegatronNames, dump_megatron_yaml, megatron_from_overrides, parse_megatron_yaml, torchtitan_param_groups
+
+    if args.config is None:
+        raise ValueError(f"`--config`: the recipe to convert is missing; got --to {args.to} without it; "
+                         "expected --config FILE (or a shipped recipe's name)")  # fmt: skip
+    names: MegatronNames | None = None
+    overrides: Mapping[ParamKey, OverrideValue] | None
+    if args.source == "megatron-yaml":
+        try:
+            text = Path(args.config).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"`--config`: cannot be read; got {args.config!r}: {error.strerror or error}; expected a YAML file") from None
+        config, overrides, names = parse_megatron_yaml(text, where=args.config)
+    else:
+        config, overrides = load_config_file(args.config)
+    to = args.to or "toml"
+    if to == "toml" or to == "yaml":
+        print(dump_recipe(recipe_from_overrides(overrides, config), "toml" if to == "toml" else "yaml"), end="")
+    elif to == "megatron-yaml":
+        print(dump_megatron_yaml(megatron_from_overrides(config, overrides, names)), end="")
+    else:
+        if args.model is None:
+            raise ValueError("`--model`: torchtitan's param groups are checked on the model; got no --model; expected e.g. --model gpt")
+        with _current_directory_importable():
+            model = build_model(args.model)
+        if isinstance(model, list):
+            raise ValueError(f"`--model`: torchtitan routes each model part alone; got {len(model)} chunks; expected one module")
+        print(json.dumps(torchtitan_param_groups(config, overrides, model), indent=2))
     return 0
 
 
@@ -182,8 +242,8 @@ def _current_directory_importable() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
-def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGroup], Routing]:
-    """The config file (or the default config) and the model of ``args``, routed; warnings to stderr."""
+def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGroup], Routing, list[torch.nn.Module]]:
+    """The config file (or the default config) and the model of ``args``, routed (and its chunks); warnings to stderr."""
     if args.config:
         config, overrides = load_config_file(args.config)
     else:
@@ -191,6 +251,11 @@ def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGr
     with _current_directory_importable():
         model = build_model(args.model)
     chunks = model if isinstance(model, list) else [model]
+    dtype = getattr(args, "params_dtype", None)
+    if dtype is not None:  # estimate --params-dtype: the model as it will be trained (bf16 params under bf16=True)
+        import torch
+
+        chunks = [chunk.to(getattr(torch, dtype)) for chunk in chunks]
     if not named_trainable_parameters(chunks):
         raise ValueError(f"`--model`: no trainable parameters; got {args.model!r}; expected a model with at least one")
     example = parse_example_inputs(args.example_inputs) if args.example_inputs else None
@@ -202,7 +267,7 @@ def _resolve(args: argparse.Namespace) -> tuple[OptimizerConfig, list[ResolvedGr
     for warning in caught:
         _warn(warning.message)
     check_param_dtypes(config, groups)  # what get_optimizer would refuse, refused here too
-    return config, groups, routing
+    return config, groups, routing, chunks
 
 
 def _lint_status(findings: list[Finding], args: argparse.Namespace) -> int:
@@ -210,7 +275,7 @@ def _lint_status(findings: list[Finding], args: argparse.Namespace) -> int:
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    _, groups, routing = _resolve(args)
+    _, groups, routing, _ = _resolve(args)
     findings = lint_routing(groups, routing)
     if args.format == "json":
         print(json.dumps(findings_as_json(findings), indent=2))
@@ -221,7 +286,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     return _lint_status(findings, args)
 
 
-def _cmd_dump(args: argparse.Namespace) -> int:
+def _check_world_size(args: argparse.Namespace) -> None:
     if args.world_size is not None and not 1 <= args.world_size <= MAX_WORLD_SIZE:
         raise ValueError(f"`--world-size`: out of range; got {show_value(args.world_size)}; expected an integer in [1, {MAX_WORLD_SIZE}]")
     if args.distributed_mode is not None and args.world_size is None:
@@ -229,6 +294,10 @@ def _cmd_dump(args: argparse.Namespace) -> int:
             f"`--distributed-mode`: needs --world-size; got --distributed-mode {args.distributed_mode} "
             "without it; expected --world-size N as well"
         )
+
+
+def _cmd_dump(args: argparse.Namespace) -> int:
+    _check_world_size(args)
     if args.expert_world_size is not None and (
         args.world_size is None or args.expert_world_size < 1 or args.world_size % args.expert_world_size
     ):
@@ -236,8 +305,22 @@ def _cmd_dump(args: argparse.Namespace) -> int:
             f"`--expert-world-size`: must divide --world-size (expert-parallel x expert-data-parallel = data-parallel); "
             f"got {args.expert_world_size} with --world-size {args.world_size}; expected a divisor of N >= 1"
         )
-    config, groups, routing = _resolve(args)
+    mesh = _mesh_arguments(args)
+    config, groups, routing, chunks = _resolve(args)
     findings = lint_routing(groups, routing) if args.lint else []
+    mesh_plans: list[MeshPlan] | None = None
+    if mesh is not None:
+        own = model_tp_plan(chunks)
+        tp_plan = parse_tp_plan(args.tp_plan) if args.tp_plan is not None else own or DEFAULT_TP_PLAN
+        plan_source = "--tp-plan" if args.tp_plan is not None else "the model's base_model_tp_plan" if own else "the default"
+        mesh_plans = plan_mesh(
+            groups, mesh, tp_plan=tp_plan, tp_mode=args.tp_mode, bucket_size=args.bucket_size,
+            fsdp_orthogonalize=args.fsdp_orthogonalize,
+        )  # fmt: skip
+        for one in mesh_plans:
+            one.tp_plan_source = plan_source
+        if args.tp_plan is not None and mesh_plans and mesh_plans[0].unmatched_rules:
+            _warn(f"`--tp-plan`: rules match no Muon-family param: {', '.join(mesh_plans[0].unmatched_rules)}")
     # The plans every rank of get_optimizer would compute: they need only shapes, so meta is enough.
     plan = expert_plan = None
     if args.world_size is not None:
@@ -269,6 +352,11 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         if expert_plan is not None:
             document["expert_world_size"] = expert_plan.world_size
             document["expert_ranks"] = rank_rows(expert_plan)
+        if mesh_plans is not None:
+            document["owner_compute"] = [one.as_json() for one in mesh_plans]
+            document["owner_compute_gathered"] = gathered_params(groups)
+        if args.explain and (kernels := newton_schulz_rows(groups)):
+            document["newton_schulz"] = [dict(zip(NEWTON_SCHULZ_HEADERS, row, strict=True)) for row in kernels]
         if args.lint:
             document["lint"] = findings_as_json(findings)
         print(json.dumps(document, indent=2))
@@ -288,6 +376,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         wrap = [len(headers) - 1, 0] if plan is not None else [0]
         print()
         print(fit_table(rows, headers, width, wrap=wrap, details=details))
+    if args.explain and (kernels := newton_schulz_rows(groups)):
+        print()
+        print(fit_table(kernels, NEWTON_SCHULZ_HEADERS, width, wrap=[3]))
     for one_plan, what in ((plan, " (non-expert params)" if expert_plan else ""), (expert_plan, " (expert params)")):
         if one_plan is None:
             continue
@@ -296,12 +387,72 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         print()
         print(f"{one_plan.mode} plan over {one_plan.world_size} {group}{'s' if one_plan.world_size > 1 else ''}{what}:")
         print(tabulate(table, headers=RANK_HEADERS, tablefmt="simple", floatfmt=".1f", disable_numparse=[3], colalign=("right",) * 5))
+    if mesh_plans is not None:
+        print()
+        assert mesh is not None  # planned only with --mesh
+        print(owner_compute_text(mesh_plans, mesh, width, gathered_params(groups)))
     if args.lint:
         print()
         for finding in findings:
             print(wrap_lines(f"lint: {finding.kind}: {finding.message}", width))
         print(f"{len(findings)} lint finding{'' if len(findings) == 1 else 's'}")
     return _lint_status(findings, args)
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    if args.mesh is not None and args.distributed_mode is not None:
+        raise ValueError(
+            f"`--distributed-mode`: plans the layer-wise or ZeRO-1 optimizer, which refuse FSDP2 params; got --distributed-mode "
+            f"{args.distributed_mode} with --mesh {args.mesh}; expected one of them"
+        )
+    _check_world_size(args)
+    mesh = _mesh_arguments(args)
+    config, groups, _, chunks = _resolve(args)
+    world_size = args.world_size or 1
+    mode: Distributed | None = None
+    if mesh is None and world_size > 1:
+        flagged = args.distributed_mode is not None or config.use_layer_wise_distributed_optimizer or config.use_distributed_optimizer
+        mode = _distributed_mode(args, config) if flagged else "none"
+    tp_plan = parse_tp_plan(args.tp_plan) if args.tp_plan is not None else model_tp_plan(chunks) or DEFAULT_TP_PLAN
+    result = estimate_groups(
+        config, groups, world_size=world_size if mesh is None or args.world_size is not None else 1, distributed=mode,
+        mesh=mesh, tp_plan=tp_plan, tp_mode=args.tp_mode, bucket_size=args.bucket_size,
+        fsdp_orthogonalize=args.fsdp_orthogonalize,
+    )  # fmt: skip
+    if args.format == "json":
+        print(json.dumps(result.as_json(), indent=2))
+        return 0
+    width = output_width()
+    print(fit_table(estimate_group_rows(result), ESTIMATE_GROUP_HEADERS, width))
+    rows, headers = estimate_rank_table(result)
+    details = [headers.index(h) for h in ("model grads", "Newton-Schulz", "largest bucket", "param sync") if h in headers]
+    print()
+    print(fit_table(rows, headers, width, details=details))
+    print()
+    print(wrap_lines(estimate_summary(result), width))
+    return 0
+
+
+_MESH_FLAGS = ("tp", "tp_plan", "tp_mode", "bucket_size", "fsdp_orthogonalize")
+
+
+def _mesh_arguments(args: argparse.Namespace) -> MeshSpec | None:
+    """``--mesh`` (with ``--tp``) parsed, after checking that the flags that refine it come with it."""
+    if args.mesh is None:
+        given = [name for name in _MESH_FLAGS if getattr(args, name) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ValueError(f"`{flag}`: needs --mesh; got {flag} without it; expected --mesh SPEC as well (e.g. --mesh 2x2)")
+        return None
+    if args.bucket_size is not None:
+        args.bucket_size = parse_bytes(args.bucket_size)
+    mesh = parse_mesh(args.mesh, args.tp)
+    if args.tp_plan is not None and "tp" not in dict(mesh.dims):
+        raise ValueError(
+            f"`--tp-plan`: needs a tensor-parallel mesh dim; got --tp-plan with --mesh {args.mesh!r}; "
+            "expected --tp T, or tp=T in --mesh"
+        )
+    return mesh
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -330,6 +481,42 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _distributed_arguments(parser: argparse.ArgumentParser, *, world_size_help: str, mode_default: str, mesh_help: str) -> None:
+    """``--world-size`` and the flags that plan the distributed optimizers and FSDP2's mesh (``dump-param-groups``, ``estimate``)."""
+    parser.add_argument("--world-size", type=int, metavar="N", help=world_size_help)
+    parser.add_argument(
+        "--distributed-mode", choices=["layer_wise", "sharded"],
+        help=f"the plan with --world-size (default: the config's flag, as get_optimizer picks: layer_wise if it sets use_layer_wise_distributed_optimizer, else sharded if use_distributed_optimizer, else {mode_default})",
+    )
+    parser.add_argument(
+        "--mesh", metavar="SPEC",
+        help=f"{mesh_help} on this device mesh: N (FSDP over N ranks), RxS (HSDP: R replicas of an S-way shard) or "
+        "named sizes such as dp=2,tp=2 or replicate=2,shard=2,tp=2",
+    )  # fmt: skip
+    parser.add_argument("--tp", type=int, metavar="T", help="with --mesh: add a tensor-parallel dim of T ranks (--mesh 2x2 --tp 2)")
+    parser.add_argument(
+        "--tp-plan", metavar="RULES",
+        help="with --mesh: which params tensor parallelism shards, as comma-separated GLOB=STYLE rules (STYLE "
+        "colwise, rowwise or replicate; first match wins; a glob matches the param's module path or a tail of it), "
+        "replacing a Hugging Face model's own base_model_tp_plan, else the default (Megatron-Core's "
+        "linear_qkv/linear_fc1 colwise, linear_proj/linear_fc2 rowwise; q/k/v/gate/up_proj, wq/wk/wv/w1/w3 colwise; "
+        "o_proj/down_proj/wo/w2 rowwise); others are replicated over TP",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tp-mode", choices=list(get_args(TPMode)), metavar="MODE",
+        help=f"with --mesh: how a tensor-parallel matrix is orthogonalised: {', '.join(get_args(TPMode))} "
+        "(default: the config's muon_tp_mode)",
+    )
+    parser.add_argument(
+        "--bucket-size", metavar="BYTES",
+        help="with --mesh: the cap on each rank's transient bytes per bucket, e.g. 64MiB (default: the config's muon_bucket_size)",
+    )
+    parser.add_argument(
+        "--fsdp-orthogonalize", choices=["auto", "owner", "redundant"],
+        help="with --mesh: owner-computes or every rank (default: the config's muon_fsdp_orthogonalize)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="optzoo", description="A zoo of PyTorch optimizers with parameter-group routing.")
     parser.add_argument("--version", action="version", version=_version(), help="show optzoo's version (and torch's) and exit")
@@ -340,8 +527,18 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--fields", action="store_true", help="also show the config fields each optimizer reads, with defaults")
     listing.set_defaults(run=_cmd_list)
 
-    recipes = commands.add_parser("recipes", help="the recipes shipped with optzoo, for --config NAME")
-    recipes.add_argument("--format", choices=["table", "json"], default="table")
+    recipes = commands.add_parser("recipes", help="the recipes shipped with optzoo, for --config NAME; or one recipe in another project's shape")
+    recipes.add_argument("--format", choices=["table", "json"], default="table", help="of the list of shipped recipes")
+    recipes.add_argument("--config", help="the recipe to convert: a TOML/YAML/Python file or a shipped recipe's name (a Megatron YAML file with --from megatron-yaml)")
+    recipes.add_argument(
+        "--from", dest="source", choices=["optzoo", "megatron-yaml"], default="optzoo",
+        help="the shape of --config: optzoo's recipe (default) or Megatron-LM's overrides_config YAML",
+    )  # fmt: skip
+    recipes.add_argument(
+        "--to", choices=["toml", "yaml", "megatron-yaml", "torchtitan"],
+        help="write --config as optzoo TOML (default) or YAML, Megatron-LM's overrides_config YAML, or torchtitan's param_groups (JSON, needs --model)",
+    )  # fmt: skip
+    recipes.add_argument("--model", help="with --to torchtitan: the model the param groups are checked on (as dump-param-groups --model)")
     recipes.set_defaults(run=_cmd_recipes)
 
     dump = commands.add_parser("dump-param-groups", help="show how a model's parameters are grouped")
@@ -353,20 +550,35 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a rule that matches nothing is an error; with --lint, a finding exits with status {LINT_EXIT_STATUS}",
     )
     dump.add_argument("--lint", action="store_true", help="also run the routing linter (what `optzoo lint` prints)")
-    dump.add_argument(
-        "--world-size", type=int, metavar="N",
-        help="also show the distributed optimizer's plan over N ranks: each param's owner and each rank's load",
-    )
+    _distributed_arguments(
+        dump, world_size_help="also show the distributed optimizer's plan over N ranks: each param's owner and each rank's load",
+        mode_default="layer_wise", mesh_help="also show Muon's FSDP2 owner-computes plan (per bucket who orthogonalises each "
+        "Muon-family matrix, and each rank's bytes sent and received, transient bytes and Newton-Schulz FLOPs)",
+    )  # fmt: skip
     dump.add_argument(
         "--expert-world-size", type=int, metavar="M",
         help="with --world-size N: expert params (allreduce=False, or the expert role) get their own plan over an "
         "expert data-parallel group of M ranks (M divides N), as get_optimizer(expert_process_group=...) plans them",
     )
-    dump.add_argument(
-        "--distributed-mode", choices=["layer_wise", "sharded"],
-        help="the plan with --world-size (default: sharded if the config sets use_distributed_optimizer, else layer_wise)",
-    )
     dump.set_defaults(run=_cmd_dump)
+
+    estimate = commands.add_parser(
+        "estimate", help="the optimizer's memory per group, algorithm and rank, and its Newton-Schulz FLOPs, before launch"
+    )
+    _model_arguments(estimate)
+    estimate.add_argument("--format", choices=["table", "json"], default="table")
+    estimate.add_argument("--strict", action="store_true", help="a rule that matches nothing is an error")
+    estimate.add_argument(
+        "--params-dtype", choices=["float32", "bfloat16", "float16"],
+        help="cast the model's params to this dtype first, as it will be trained (bf16=True steps float32 copies of "
+        "bfloat16 params; float32 params are their own main params); default: as the model is built",
+    )  # fmt: skip
+    _distributed_arguments(
+        estimate, world_size_help="bytes and FLOPs per rank of a data-parallel group of N ranks",
+        mode_default="layer_wise if it sets use_layer_wise_distributed_optimizer, else every rank steps everything (DDP)",
+        mesh_help="FSDP2: each rank's shards, and the transient bytes per bucket of Muon's owner-computes plan,",
+    )  # fmt: skip
+    estimate.set_defaults(run=_cmd_estimate)
 
     lint = commands.add_parser("lint", help="routings that run but look wrong: embeddings on Muon, decayed norms, ...")
     _model_arguments(lint)

@@ -23,6 +23,8 @@ from optzoo._common import INTERNAL_FILES, did_you_mean, finite_number, invalid,
 from optzoo.optimizers.adaptive_muon import Moment2Method
 from optzoo.optimizers.muon import FsdpOrthogonalize, MuonScaleMode
 from optzoo.optimizers.newton_schulz import CoefficientType, MatmulPrecision, NewtonSchulzWarning, schedule_problem
+from optzoo.optimizers.newton_schulz_probe import check_kernel_setting
+from optzoo.optimizers.owner_compute import DEFAULT_BUCKET_SIZE, TPMode
 from optzoo.optimizers.registry import get_spec, registered_names
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "FP32_MAX",
     "FP32_NORMAL_MIN",
     "GROUP_FIELDS",
+    "LogMetrics",
     "MuonCoefficientType",
     "MuonFsdpOrthogonalize",
     "MuonMatmulPrecision",
@@ -48,10 +51,13 @@ __all__ = [
 ]
 
 MuonCoefficientType = CoefficientType
-MuonTPMode = Literal["blockwise", "duplicated", "distributed"]
+MuonTPMode = TPMode
 MuonMatmulPrecision = MatmulPrecision
 AdaptiveMuonMoment2Method = Moment2Method
 MuonFsdpOrthogonalize = FsdpOrthogonalize
+
+LogMetrics = bool | Literal["per_param"]
+"""``OptimizerConfig.log_metrics``: off, per group, or per group and per param."""
 
 SCHEDULE_KEYS: tuple[str, ...] = ("max_lr", "min_lr", "wd_mult", "start_wd", "end_wd")
 """Override keys read by the scheduler (Megatron's ``ParamGroupOverride``), beside config fields."""
@@ -281,9 +287,14 @@ class OptimizerConfig:
     """Newton-Schulz coefficient set; one of :data:`MuonCoefficientType`."""
     muon_num_ns_steps: int = 5
     """Newton-Schulz iterations."""
-    muon_tp_mode: str = "blockwise"
-    """Newton-Schulz under tensor parallelism; one of :data:`MuonTPMode`. Without tensor
-    parallelism every mode gives the same result."""
+    muon_tp_mode: str = "auto"
+    """Newton-Schulz of a matrix tensor parallelism shards; one of :data:`MuonTPMode`:
+    ``duplicated`` (every TP rank class computes the whole matrix; Megatron-Core's default),
+    ``distributed`` (the TP group together, on its shards, all-reducing Grams), ``blockwise``
+    (each TP shard alone: the update depends on the TP size), ``layer_sharded`` (one rank of the
+    whole mesh computes the whole matrix) or ``auto`` (per weight: ``distributed`` for a matrix
+    costing more than an even share of the Newton–Schulz work where that cuts its busiest rank's FLOPs, else ``layer_sharded``; optzoo's
+    default). Without tensor parallelism every mode gives the same result. See docs/distributed.md."""
     muon_extra_scale_factor: float = 1.0
     """Extra multiplier on Muon's update."""
     soap_shampoo_beta: float = 0.95
@@ -343,6 +354,18 @@ class OptimizerConfig:
     ``auto`` (owner-computes when it cuts the busiest rank's Newton–Schulz FLOPs to at most 3/4
     of the total); one of :data:`MuonFsdpOrthogonalize`. The same result either way, bit for bit.
     An optzoo extension (Megatron-Core's Muon has no FSDP2 path)."""
+    muon_bucket_size: int = DEFAULT_BUCKET_SIZE
+    """Under FSDP2, the most bytes a rank holds for one bucket of Muon's owner-computes (pieces
+    sent and received, whole matrices, Newton–Schulz's workspace, results); two buckets are in
+    flight, so at most twice this per rank. A matrix that alone needs more is a bucket of its own.
+    Default 1 GiB. An optzoo extension."""
+    muon_ns_variant: str | None = None
+    """Which Newton–Schulz kernel the Muon family runs: ``probe`` (time the kernels
+    ``muon_fp32_matmul_prec`` allows on this machine's actual shapes, once per shape class, and run the
+    fastest), ``auto`` (the FLOPs and device-type rule) or a pinned kernel such as ``gram/ieee`` or
+    ``standard/bf16`` (``<standard|gram>/<ieee|tf32|bf16>[/per-matrix]``), which never probes.
+    ``None`` (default): the ``OPTZOO_NS_VARIANT`` environment variable, else ``probe``. An optzoo
+    extension; see docs/optimizers.md#the-newtonschulz-engine."""
 
     # ---- Lion -------------------------------------------------------------------------------
     lion_beta1: float = 0.95
@@ -462,6 +485,17 @@ class OptimizerConfig:
     step compute the norm, even with ``clip_grad=0``."""
     log_num_zeros_in_grad: bool = False
     """Count zero gradient elements at each step (returned by ``step``)."""
+    log_metrics: LogMetrics = False
+    """An optzoo extension: per-group telemetry of every step, read with ``optimizer.metrics()``
+    (grad norm, update RMS, update RMS / param RMS; for the Muon family the count of params that got
+    an orthogonalised update and the Newton–Schulz output's orthogonality error). ``"per_param"``
+    adds the first three per param. Computed on the device, with no host read of its own, at the
+    cost of one copy of the main params this rank steps (see ``docs/telemetry.md``). ``False``
+    (default): nothing is computed."""
+    log_metrics_interval: int = 1
+    """An optzoo extension: with ``log_metrics``, measure every this-many steps that reach the
+    inner optimizers (the first one included), as a logger that writes every N steps needs; the
+    steps between cost nothing and ``metrics()`` keeps the last measured step's."""
     fold_clip_and_scale: bool = True
     """An optzoo extension: the clip coefficient and the loss scale reach each gradient as one
     factor, inside the fused kernels (torch's ``grad_scale``) or in one pass, after one norm pass
@@ -484,6 +518,8 @@ class OptimizerConfig:
         self._check_precision()
         self._check_paths()
         self._check_unsupported()
+        if self.muon_ns_variant is not None:  # a pin coarser than a group's precision is refused when Muon is built
+            check_kernel_setting(self.muon_ns_variant, "`OptimizerConfig.muon_ns_variant`")
         self._warn_about_newton_schulz()
 
     def _check_types(self) -> None:
@@ -535,6 +571,7 @@ class OptimizerConfig:
             ("mop_scale_mode", (*get_args(MuonScaleMode), "nuclear_norm")),
             ("torch_muon_adjust_lr_fn", (None, "original", "match_rms_adamw", "spectral_unclamped")),
             ("muon_fsdp_orthogonalize", get_args(MuonFsdpOrthogonalize)),
+            ("log_metrics", (False, True, "per_param")),
         ):
             value = getattr(self, field)
             if field == "muon_coefficient_type" and value not in allowed:
@@ -584,7 +621,7 @@ class OptimizerConfig:
             raise _fail("adafactor_d", "must be a finite number >= 1", self.adafactor_d, "a float >= 1")
         for field in (
             "muon_num_ns_steps", "soap_precondition_frequency", "hysteresis", "sinkhorn_muon_num_iters", "torch_muon_ns_steps",
-            "psgd_pro_warmup_steps",
+            "psgd_pro_warmup_steps", "muon_bucket_size", "log_metrics_interval",
         ):  # fmt: skip
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -761,6 +798,7 @@ _TYPE_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "str": ((str,), "a string"),
     "str | None": ((str, type(None)), "a string or None"),
     "torch.dtype": ((torch.dtype,), "a torch.dtype such as torch.float32"),
+    "LogMetrics": ((bool, str), "True, False or 'per_param'"),
 }
 """Accepted runtime types per field annotation (``bool`` is refused where a number is meant)."""
 

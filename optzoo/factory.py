@@ -26,6 +26,8 @@ from optzoo.distributed.setup import (
     expert_data_parallel_group,
     expert_layout,
     is_expert,
+    mesh_params,
+    replicated_params,
 )
 from optzoo.groups import OverrideValue, ResolvedGroup, resolve_group_configs
 from optzoo.lint import lint_routing, warn_findings
@@ -134,8 +136,10 @@ def get_optimizer(
         flag=distributed_flag(config),
     )  # fmt: skip
     plans = _sharding_plans(config, groups, group, expert_group, param_sync)
+    replicated: frozenset[int] = frozenset()
     if plans is None and group is not None:  # FSDP2: the params are the ranks' own shards; compare settings
         check_same_settings(groups, group)
+        replicated = replicated_params(mesh_params(groups), group)
     check_param_dtypes(config, groups)  # after the exchange: a rank raising before it would leave the others waiting
     owned = None
     if plans is not None:
@@ -148,8 +152,14 @@ def get_optimizer(
     inner = build_inner_optimizers(groups, param_groups)
     optimizer = _wrap(config, inner, param_groups, param_map, group, plans, param_sync, device=groups[0].params[0].param.device)
     optimizer.config = config  # Megatron-Core's optimizer.config
+    optimizer.replicated = replicated
+    optimizer.expert_names = frozenset(name for name, _, expert in mesh_params(groups) if expert)
     optimizer._rerouter = Rerouter(config, chunks, config_overrides, strict, example_inputs, trace)
     optimizer._inner_keys = list(dict.fromkeys(instance_key(g) for g in groups))  # build_inner_optimizers' order
+    routed = [(routed, group) for group in groups for routed in group.params]  # build_param_map's order
+    optimizer._matrix_views = {
+        entry.name: group.matrix_view_of(one.param) for entry, (one, group) in zip(param_map.entries, routed, strict=True)
+    }
     optimizer.defaults.update(lr=config.lr, weight_decay=config.weight_decay)  # what torch's constructor arguments would be
     _write_dumps(config, groups, routing, dump_param_to_param_group_map)
     return optimizer
@@ -287,6 +297,8 @@ def _wrap(
         fold_clip_and_scale=config.fold_clip_and_scale,
         timers=config.timers,
         barrier_with_L1_time=config.barrier_with_L1_time,
+        log_metrics=config.log_metrics,
+        log_metrics_interval=config.log_metrics_interval,
     )
     scaler = make_grad_scaler(config, device=device)
     if plans is not None:

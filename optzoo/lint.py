@@ -19,7 +19,11 @@ records; ``get_optimizer`` warns once per finding (:class:`RoutingLintWarning`),
   (experts, heads, groups) on a matrix optimizer that steps its stored shape as one;
 * ``tied-names-disagree``: a rule that selects a tied tensor under some of its names but not others;
 * ``shadowed-rule``: a rule that changes nothing, because earlier rules set every field it sets,
-  to the same values, on every parameter it matches.
+  to the same values, on every parameter it matches;
+* ``unread-field``: an algorithm's field (``muon_momentum``, ``adam_beta2``, ...: one that some
+  registry record lists in its ``config_fields``) set away from its default, by the config or by a
+  rule, where no optimizer that steps the params it reaches reads it (``muon_num_ns_steps`` with
+  ``torch_muon``, which reads ``torch_muon_ns_steps``); it would be silently ignored.
 
 Each finding carries a :class:`Fix`: changes to ``config_overrides`` (narrow a rule, add one,
 remove one) that remove it; :func:`apply_fixes` applies them. Each message names the parameters
@@ -38,7 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from optzoo._common import SCALAR_ROLES, MatrixView, shorten
+from optzoo._common import SCALAR_ROLES, MatrixView, did_you_mean, shorten
+from optzoo.config import OptimizerConfig
 from optzoo.groups import ResolvedGroup, get_standard_config_overrides, place
 from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import ParamKey, RoutedParam, Routing
@@ -58,7 +63,7 @@ __all__ = [
 
 LintKind = Literal[
     "embedding-on-matrix-optimizer", "large-matrix-on-elementwise", "decayed-vector", "blocks-orthogonalised-whole",
-    "tied-names-disagree", "shadowed-rule",
+    "tied-names-disagree", "shadowed-rule", "unread-field",
 ]  # fmt: skip
 LARGE_PARAM_ELEMENTS = 2**16
 """From this many elements an N-D parameter on an element-wise optimizer is worth a word, when a
@@ -343,6 +348,50 @@ def _shadowed_rules(routing: Routing) -> list[Finding]:
     return found
 
 
+def _field_readers() -> dict[str, list[str]]:
+    """Each algorithm's field -> the registered algorithms that read it (their records say so)."""
+    readers: dict[str, list[str]] = {}
+    for name in registered_names():
+        spec = get_spec(name)
+        for field in (*spec.config_fields, *spec.instance_fields, *((spec.fallback_field,) if spec.fallback_field else ())):
+            readers.setdefault(field, []).append(name)
+    return readers
+
+
+def _unread_fields(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Finding]:
+    readers = _field_readers()
+    defaults = {f.name: f.default for f in dataclasses.fields(OptimizerConfig) if f.default is not dataclasses.MISSING}
+    found: list[Finding] = []
+    for field, algorithms in readers.items():
+        if field not in defaults:
+            continue
+        # who set it: each rule that sets it, else the config (params no such rule reaches)
+        by_source: dict[int | None, list[tuple[ResolvedGroup, RoutedParam]]] = {}
+        for group in groups:
+            if getattr(group.config, field) == defaults[field]:
+                continue
+            for routed in group.params:
+                setters = [k for k in routed.matched if field in routing.overrides[k] and k not in routing.defaults]
+                by_source.setdefault(setters[-1] if setters else None, []).append((group, routed))
+        for source, members in by_source.items():
+            stepping = list(dict.fromkeys(group.optimizer for group, _ in members))
+            if any(name in algorithms for name in stepping):
+                continue
+            value = getattr(members[0][0].config, field)
+            names = [n for group, routed in members for n in group.all_names[group.params.index(routed)]]
+            read_here = [f for name in stepping for f in (*get_spec(name).config_fields, *get_spec(name).instance_fields)]
+            hint = did_you_mean(field, read_here).removeprefix("; ")
+            who = _rule(routing, source) if source is not None else "the config"
+            found.append(Finding(
+                "unread-field", tuple(names),
+                f"`{field}`={value!r}, set by {who}, is read by no optimizer that steps the params it reaches; got "
+                f"{', '.join(stepping)} on {_names(names)}, which ignore it; expected it removed, or `optimizer` set to "
+                f"one that reads it ({', '.join(algorithms)}){'; ' + hint if hint else ''}",
+                Fix(remove=(source,)) if source is not None and set(routing.overrides[source]) == {field} else None,
+            ))  # fmt: skip
+    return found
+
+
 def lint_routing(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Finding]:
     """Every finding on a resolved routing, in the order of the kinds above.
 
@@ -367,6 +416,7 @@ def lint_routing(groups: Sequence[ResolvedGroup], routing: Routing) -> list[Find
         *_blocks_orthogonalised_whole(groups, routing),
         *_tied_names_disagree(groups, routing),
         *_shadowed_rules(routing),
+        *_unread_fields(groups, routing),
     ]
 
 

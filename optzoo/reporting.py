@@ -13,7 +13,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tabulate import tabulate
@@ -22,20 +22,32 @@ from optzoo._common import MatrixView, jsonable
 from optzoo.config import OptimizerConfig
 from optzoo.distributed.plan import Shard, ShardingPlan
 from optzoo.groups import ResolvedGroup
+from optzoo.mesh_plan import MeshPlan, MeshSpec, format_bytes, param_name, unit_label, unit_mode
+from optzoo.optimizers.newton_schulz_probe import VARIANT_ENV, allowed_kernels, disk_choice, probe_key
 from optzoo.optimizers.registry import get_spec, registered_names
 from optzoo.routing import Routing
+
+if TYPE_CHECKING:
+    from optzoo.estimate import MemoryEstimate
 
 __all__ = [
     "EXPLAIN_HEADERS",
     "GROUP_HEADERS",
+    "NEWTON_SCHULZ_HEADERS",
     "OPTIMIZER_HEADERS",
     "RANK_HEADERS",
     "DEFAULT_WIDTH",
+    "ESTIMATE_GROUP_HEADERS",
+    "estimate_group_rows",
+    "estimate_rank_table",
+    "estimate_summary",
     "explain_rows",
+    "newton_schulz_rows",
     "fit_table",
     "format_gflop",
     "group_rows",
     "optimizer_rows",
+    "owner_compute_text",
     "owner_shards",
     "output_width",
     "owner_text",
@@ -114,6 +126,42 @@ def explain_rows(groups: Sequence[ResolvedGroup], routing: Routing) -> list[list
             shape = "x".join(map(str, routed.param.shape)) or "scalar"
             matrices = _matrices(group, routed.param)
             rows.extend([name, group.index, shape, routed.roles.describe(), matrices, reasons] for name in names)
+    return rows
+
+
+NEWTON_SCHULZ_HEADERS = ["matrices", "count", "muon_fp32_matmul_prec", "Newton-Schulz kernel"]
+
+
+def newton_schulz_rows(groups: Sequence[ResolvedGroup]) -> list[list[Any]]:
+    """What Newton–Schulz kernel the Muon family's steps run, per matrix shape (as Muon batches
+    them: shape, ``muon_fp32_matmul_prec``, steps) and why (:data:`NEWTON_SCHULZ_HEADERS`): pinned
+    (``muon_ns_variant`` or ``OPTZOO_NS_VARIANT``), the rule, the disk cache's choice for a CPU
+    run, or the kernels the first step will time."""
+    counts: dict[tuple[int, int, str, int, str], int] = {}
+    for group in groups:
+        if get_spec(group.optimizer).family != "orthogonalized":
+            continue
+        config = group.config
+        setting = config.muon_ns_variant or os.environ.get(VARIANT_ENV) or "probe"
+        for routed in group.params:
+            if routed.param.dim() < 2:
+                continue
+            view = group.matrix_view_of(routed.param) or MatrixView.default(tuple(routed.param.shape), flatten=group.flatten)
+            key = (*view.shape, config.muon_fp32_matmul_prec, config.muon_num_ns_steps, setting)
+            counts[key] = counts.get(key, 0) + view.count
+    rows: list[list[Any]] = []
+    for (rows_, cols, precision, steps, setting), count in counts.items():
+        if setting == "auto":
+            kernel = "auto: the FLOPs and device-type rule (pinned)"
+        elif setting != "probe":
+            kernel = f"{setting} (pinned)"
+        else:
+            example = torch.empty((count, rows_, cols), device="meta")
+            cached = disk_choice(probe_key(example, steps=steps, matmul_precision=precision)._replace(device="cpu"))  # type: ignore[arg-type]
+            kernels = allowed_kernels(precision, torch.float32, torch.device("cpu"), count, min(rows_, cols))  # type: ignore[arg-type]
+            stacked = ", ".join(str(k) for k in kernels if k.stacked) + ("; stacked or per matrix" if count > 1 else "")
+            kernel = f"{cached} (OPTZOO_NS_CACHE, on CPU)" if cached else f"probed at the first step: the fastest of {len(kernels)} on CPU ({stacked})"
+        rows.append([f"{rows_}x{cols}", count, precision, kernel])
     return rows
 
 
@@ -355,3 +403,130 @@ def fit_table(
             if value not in ("", "-"):
                 out.append(wrap_lines(f"{DETAIL_INDENT}{headers[column]}: {value}", width, DETAIL_INDENT * 2))
     return "\n".join(out)
+
+
+# ---- the owner-computes plan (dump-param-groups --mesh) -----------------------------------------
+
+MESH_RANK_HEADERS = ["rank", "sent", "received", "transient", "Newton-Schulz"]
+MESH_TOTAL_HEADERS = ["rank", "sent", "received", "largest bucket", "Newton-Schulz", "vs 1 process"]
+
+
+def _mib(size: float) -> str:
+    """Bytes in the largest binary unit below them, 3 significant digits: ``512 B``, ``1.5 KiB``, ``5.38 MiB``.
+
+    Example:
+        >>> _mib(512), _mib(1536), _mib(1008 << 20)
+        ('512 B', '1.5 KiB', '1008 MiB')
+    """
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            value = size / scale  # 1000-1023 units: whole numbers, not 1.01e+03
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
+    return f"{int(size)} B"
+
+
+def _flop(flops: float) -> str:
+    """FLOPs with an SI prefix, 4 significant digits: ``15.36 kFLOP``, ``234.9 MFLOP``."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.4g} {prefix}FLOP"
+    return f"{flops:.0f} FLOP"
+
+
+def owner_compute_text(plans: Sequence[MeshPlan], mesh: MeshSpec, width: int, gathered: Sequence[str]) -> str:
+    """``dump-param-groups --mesh``'s text: per plan and bucket, who computes what and each rank's
+    bytes and Newton–Schulz FLOPs, then per rank over all buckets; ``gathered`` are the params
+    stepped through a forward's view (listed when nothing is left to plan)."""
+    if not plans:
+        text = f"owner-computes plan on {mesh.describe()}: no Muon-family params to plan"
+        if gathered:
+            text += f"; gathered whole on every rank (a forward's view, Muon's plain path): {', '.join(gathered)}"
+        return wrap_lines(text, width)
+    lines: list[str] = []
+    for plan in plans:
+        buckets, world = plan.plan.buckets, plan.plan.world_size
+        matrices = sum(len(b.units) for b in buckets)
+        how = plan.orthogonalize if plan.fsdp_orthogonalize == plan.orthogonalize else f"{plan.fsdp_orthogonalize} -> {plan.orthogonalize}"
+        where = plan.mesh.describe()
+        if plan.mesh != mesh:
+            where += f", params tensor parallelism leaves alone, in each of the {mesh.size('tp')} TP ranks' groups"
+        if lines:
+            lines.append("")
+        lines.append(wrap_lines(
+            f"owner-computes plan of {plan.optimizer} on {where}: tp_mode {plan.tp_mode}, bucket_size {format_bytes(plan.bucket_size)}, "
+            f"fsdp_orthogonalize {how}; {matrices} {plan.dtype} matri{'ces' if matrices != 1 else 'x'} in "
+            f"{len(buckets)} bucket{'s' * (len(buckets) != 1)}", width,
+        ))  # fmt: skip
+        if "tp" in dict(mesh.dims) and plan.tp_plan_source:
+            lines.append(wrap_lines(f"tensor-parallel plan: {plan.tp_plan_source}", width))
+        if plan.gathered:
+            lines.append(wrap_lines(f"gathered whole on every rank (a forward's view, Muon's plain path): {', '.join(plan.gathered)}", width))
+        for index, bucket in enumerate(buckets):
+            rows = [
+                [unit_label(unit, plan.counts), f"{unit.rows}x{unit.cols}", plan.styles.get(param_name(unit), "replicate").replace("replicate", "-"),
+                 unit_mode(unit, plan.orthogonalize),
+                 "every rank" if len(set(unit.owners)) == world > 1 else " ".join(map(str, unit.owners))]
+                for unit in bucket.units
+            ]  # fmt: skip
+            table = [[r, _mib(bucket.sent[r]), _mib(bucket.received[r]), _mib(bucket.transient[r]), _flop(bucket.flops[r])] for r in range(world)]
+            lines += [
+                "", f"bucket {index}:", fit_table(rows, ["matrix", "as", "TP", "how", "owners"], width, wrap=[4, 0]), "",
+                tabulate(table, headers=MESH_RANK_HEADERS, tablefmt="simple", disable_numparse=True, colalign=("right",) * 5),
+            ]  # fmt: skip
+        totals = plan.rank_totals()
+        table = [
+            [t["rank"], _mib(t["sent"]), _mib(t["received"]), _mib(t["transient_max"]), _flop(t["flops"]), f"{t['vs_one_process']:.3f}"]
+            for t in totals
+        ]  # fmt: skip
+        table.append(["all", _mib(sum(t["sent"] for t in totals)), _mib(sum(t["received"] for t in totals)), "",
+                      _flop(sum(t["flops"] for t in totals)), f"{sum(plan.plan.loads) / plan.one_process_flops:.3f}"])  # fmt: skip
+        lines += ["", f"per rank, all buckets ({plan.orthogonalize}):", tabulate(
+            table, headers=MESH_TOTAL_HEADERS, tablefmt="simple", disable_numparse=True, colalign=("right",) * 6)]  # fmt: skip
+        busiest = max(range(world), key=lambda r: (plan.plan.loads[r], -r))
+        lines.append(wrap_lines(
+            f"busiest rank {busiest}: {_flop(plan.plan.loads[busiest])} of Newton-Schulz, "
+            f"{plan.busiest_vs_one_process:.3f} of one process's {_flop(plan.one_process_flops)}; "
+            "two buckets are in flight, so up to twice the largest bucket's transient bytes", width,
+        ))  # fmt: skip
+    return "\n".join(lines)
+
+
+def estimate_group_rows(result: MemoryEstimate) -> list[list[Any]]:
+    """``optzoo estimate``'s rows per group: index, optimizer, params, elements, state bytes."""
+    return [[g.index, g.optimizer, g.params, g.elements, _mib(g.state_bytes)] for g in result.groups]
+
+
+ESTIMATE_GROUP_HEADERS = ["group", "optimizer", "params", "elements", "state"]
+
+
+def estimate_rank_table(result: MemoryEstimate) -> tuple[list[list[Any]], list[str]]:
+    """``optzoo estimate``'s rows per rank and their headers: state, main params, gradient buffers,
+    param-sync buffers (layer-wise and ZeRO-1 only), what they hold together, the largest
+    Newton–Schulz bucket (FSDP2 only), model grads and Newton–Schulz FLOPs per step."""
+    columns: list[tuple[str, Any]] = [
+        ("rank", lambda r: r.rank), ("state", lambda r: _mib(r.state_bytes)), ("main params", lambda r: _mib(r.main_param_bytes)),
+        ("grad buffers", lambda r: _mib(r.grad_buffer_bytes)),
+    ]  # fmt: skip
+    if result.distributed in ("layer_wise", "sharded"):
+        columns.append(("param sync", lambda r: _mib(r.param_sync_bytes)))
+    columns.append(("held", lambda r: _mib(r.held_bytes)))
+    if result.distributed == "fsdp2":
+        columns.append(("largest bucket", lambda r: _mib(max(r.transient_bytes, default=0))))
+    columns += [("model grads", lambda r: _mib(r.model_grad_bytes)), ("Newton-Schulz", lambda r: _flop(r.orthogonalize_flops))]
+    return [[read(rank) for _, read in columns] for rank in result.ranks], [name for name, _ in columns]
+
+
+def estimate_summary(result: MemoryEstimate) -> str:
+    """``optzoo estimate``'s closing lines: the setting, state per algorithm, and what the columns mean."""
+    if result.mesh is not None:
+        where = f"FSDP2 on {result.mesh.describe()}"
+    elif result.distributed == "none":
+        where = "one process" if result.world_size == 1 else f"DDP over {result.world_size} ranks (each steps everything)"
+    else:
+        where = f"{'layer-wise' if result.distributed == 'layer_wise' else 'ZeRO-1'} over {result.world_size} ranks"
+    algorithms = ", ".join(f"{name} {_mib(size)}" for name, size in result.algorithms().items())
+    return (
+        f"{result.precision}; {where}; state by algorithm (whole model): {algorithms}. held: kept between steps "
+        "(state, main params, grad and param-sync buffers); largest bucket: transient, two in flight; model grads: "
+        "backward's, not the optimizer's; Newton-Schulz: FLOPs per step (MOP: its SVD)."
+    )

@@ -13,6 +13,18 @@ from optzoo import OptimizerConfig, get_optimizer
 from optzoo.models import GPT, GPTConfig
 
 
+@pytest.fixture(autouse=True, scope="session")
+def ns_kernel_rule() -> Iterator[None]:
+    """Muon's Newton–Schulz kernel is pinned to the deterministic FLOPs and device-type rule, as a
+    user pins it (``OPTZOO_NS_VARIANT``): the probe times kernels, and what it picks depends on the
+    machine's load. Session-scoped, so module-scoped fixtures (multi-rank runs and their one-process
+    references) see it too; subprocesses inherit it. The probe's tests unset it for themselves."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPTZOO_NS_VARIANT", "auto")
+        patch.delenv("OPTZOO_NS_CACHE", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def seed() -> Iterator[int]:
     """Every test starts from the same RNG state."""
@@ -115,3 +127,12 @@ def train_with_resumed_twin(
             twin_optimizer = get_optimizer(config, twin_model)
             twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     return optimizer, twin_model
+
+
+@pytest.fixture
+def highest_precision() -> Iterator[None]:
+    """IEEE float32 matmuls for the test (parity with references), the global setting restored after."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)

@@ -18,7 +18,9 @@ from optzoo.distributed.setup import (
     is_expert,
     data_parallel_group,
     fsdp_process_group,
+    mesh_process_group,
     preserve_param_attributes,
+    replicated_params,
     resolve_process_group,
 )
 
@@ -37,9 +39,11 @@ __all__ = [
     "fsdp_process_group",
     "is_expert",
     "load_dcp",
+    "mesh_process_group",
     "param_cost",
     "plan_shards",
     "preserve_param_attributes",
+    "replicated_params",
     "resolve_process_group",
     "save_dcp",
 ]

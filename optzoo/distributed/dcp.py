@@ -24,6 +24,7 @@ from optzoo.distributed.checkpoint import agree_on_error, per_element
 from optzoo.distributed.optimizer import DistributedOptimizer
 from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer
 from optzoo.wrapper.param_map import Part
+from optzoo.wrapper.routing_digest import ROUTING_KEY, RoutingChangeReport, check_routing
 from optzoo.wrapper.state_dict import check_param_shapes
 
 __all__ = ["load_dcp", "save_dcp"]
@@ -94,11 +95,16 @@ def save_dcp(optimizer: MixedPrecisionOptimizer, checkpoint_id: str) -> None:
     dcp_save(items, checkpoint_id=checkpoint_id)
 
 
-def load_dcp(optimizer: MixedPrecisionOptimizer, checkpoint_id: str) -> None:
+def load_dcp(
+    optimizer: MixedPrecisionOptimizer, checkpoint_id: str, *, allow_routing_change: bool = False, warm_start: bool = False
+) -> RoutingChangeReport | None:
     """Load a :func:`save_dcp` checkpoint saved with any number of ranks. A collective.
 
     A checkpoint of another model (other param shapes) is refused with the same ``ValueError``
-    on every rank, before any rank changes anything.
+    on every rank, before any rank changes anything. So is one of another routing or plan kind
+    (its ``routing_digest``, :mod:`optzoo.wrapper.routing_digest`), read and compared before any
+    state: ``allow_routing_change`` and ``warm_start`` are as for
+    :meth:`~optzoo.wrapper.MixedPrecisionOptimizer.load_state_dict`, whose report is returned.
 
     Warning:
         Loading unpickles: torch's DCP stores non-tensor entries with pickle, and the optimizer's
@@ -107,9 +113,10 @@ def load_dcp(optimizer: MixedPrecisionOptimizer, checkpoint_id: str) -> None:
     """
     _check_distributed(optimizer, "load_dcp")
     metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+    options = {"allow_routing_change": allow_routing_change, "warm_start": warm_start}
+    _check_routing_first(optimizer, checkpoint_id, allow_routing_change)
     if _is_fsdp2(optimizer):
-        _load_fsdp2(optimizer, checkpoint_id, metadata)
-        return
+        return _load_fsdp2(optimizer, checkpoint_id, metadata, **options)
     assert isinstance(optimizer, DistributedOptimizer)  # _check_distributed refused the rest
     saved: dict[tuple[str, str, str | None], list[tuple[int, int, str]]] = {}
     for key in metadata:
@@ -134,7 +141,35 @@ def load_dcp(optimizer: MixedPrecisionOptimizer, checkpoint_id: str) -> None:
         agree_on_error(error, optimizer.process_group, "load_dcp")
         raise
     agree_on_error(None, optimizer.process_group, "load_dcp")
-    optimizer.load_state_dict(loaded)
+    return optimizer.load_state_dict(loaded, **options)
+
+
+def _check_routing_first(optimizer: MixedPrecisionOptimizer, checkpoint_id: str, allow_routing_change: bool) -> None:
+    """Read the checkpoint's groups and routing alone and refuse, on every rank, a plan kind whose
+    keys this loader cannot read or a changed routing (unless allowed), before any state is read."""
+    meta_only: dict[str, Any] = {"meta": b""}
+    dcp_load(meta_only, checkpoint_id=checkpoint_id)
+    meta = pickle.loads(meta_only["meta"])  # noqa: S301 - unpickles, as torch.load does: load only trusted checkpoints
+    try:
+        check_param_shapes(meta, optimizer.param_map)  # another model first: its message names the shape
+        ours = optimizer.routing_record()
+        saved_plan = (meta.get(ROUTING_KEY) or {}).get("plan")
+        if saved_plan is not None and (saved_plan == "fsdp2") != (ours["plan"] == "fsdp2"):
+            raise ValueError(
+                f"`load_dcp`: the checkpoint was saved under plan {saved_plan!r}; got an optimizer under plan {ours['plan']!r}; "
+                "expected the same kind (FSDP2 and the distributed optimizers write different keys: go through a "
+                "consolidated state_dict(), which loads under any plan)"
+            )
+
+        def canonical(name: str) -> str | None:
+            entry = optimizer.param_map.entry(name)
+            return None if entry is None else entry.name
+
+        check_routing(meta, ours, canonical, allow_routing_change=allow_routing_change, warn_without_digest=False)
+    except Exception as error:
+        agree_on_error(error, optimizer.process_group, "load_dcp")
+        raise
+    agree_on_error(None, optimizer.process_group, "load_dcp")
 
 
 def _fsdp_key(key: str) -> tuple[str, str, str | None] | None:
@@ -147,7 +182,9 @@ def _fsdp_key(key: str) -> tuple[str, str, str | None] | None:
     return None
 
 
-def _load_fsdp2(optimizer: MixedPrecisionOptimizer, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
+def _load_fsdp2(
+    optimizer: MixedPrecisionOptimizer, checkpoint_id: str, metadata: Mapping[str, Any], **options: bool
+) -> RoutingChangeReport | None:
     """Load a checkpoint :func:`save_dcp` wrote under FSDP2, on any number of ranks: each whole-param
     entry is read into a DTensor sharded as its param now is, anything else whole."""
     wanted: dict[str, Any] = {"meta": b""}
@@ -176,7 +213,7 @@ def _load_fsdp2(optimizer: MixedPrecisionOptimizer, checkpoint_id: str, metadata
         else:
             assert state_key is not None  # state keys always name their entry
             state.setdefault(name, {})[state_key] = value
-    optimizer.load_state_dict({**meta, "state": state, "main_params": mains})
+    return optimizer.load_state_dict({**meta, "state": state, "main_params": mains}, **options)
 
 
 def _loaded_state(

@@ -40,6 +40,7 @@ from optzoo.distributed.setup import ExpertLayout
 from optzoo.wrapper.mixed_precision import MixedPrecisionOptimizer, StepOptions
 from optzoo.wrapper.param_map import ParamMap
 from optzoo.wrapper.scalers import MegatronGradScaler
+from optzoo.wrapper.routing_digest import PlanKind, RoutingChangeReport
 from optzoo.wrapper.state_dict import STRUCTURAL_KEYS
 
 __all__ = ["DistributedOptimizer", "ParamSync"]
@@ -76,6 +77,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     """
 
     state_dict_timeout: datetime.timedelta = datetime.timedelta(minutes=10)
+    _each_rank_steps_every_param = False
 
     def __init__(
         self,
@@ -303,13 +305,19 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def _from_torch_format(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         raise _torch_api_refused("a torch-format state dict")
 
-    def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def _plan_kind(self) -> PlanKind:
+        return self.plan.mode
+
+    def _load_state_dict(
+        self, state_dict: Mapping[str, Any], *, allow_routing_change: bool = False, warm_start: bool = False
+    ) -> RoutingChangeReport | None:
         """As :meth:`MixedPrecisionOptimizer.load_state_dict`; under expert parallelism with global
         expert names, the experts other ranks hold are skipped (and must be in the checkpoint)."""
         self._gathered = None
         layout = self.expert_layout
+        options = {"allow_routing_change": allow_routing_change, "warm_start": warm_start}
         if layout is None or not layout.global_names or not isinstance(state_dict, Mapping) or "param_groups" not in state_dict:
-            return super()._load_state_dict(state_dict)
+            return super()._load_state_dict(state_dict, **options)
         saved = {n for g in state_dict["param_groups"] for n in g.get("param_names", ())}
         absent = sorted(set(layout.elsewhere) - saved)
         if absent:
@@ -322,7 +330,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         groups = [
             {**group, "param_names": [n for n in group["param_names"] if n not in elsewhere]} for group in state_dict["param_groups"]
         ]
-        super()._load_state_dict({**_without(state_dict, elsewhere), "param_groups": groups})
+        return super()._load_state_dict({**_without(state_dict, elsewhere), "param_groups": groups}, **options)
 
     def _agree_on_load(self, error: Exception | None) -> None:
         """Every rank checks the state of what it owns: all refuse together, before any changes (a collective)."""

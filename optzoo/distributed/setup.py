@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 from dataclasses import dataclass, field
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,8 +34,12 @@ __all__ = [
     "distributed_flag",
     "expert_data_parallel_group",
     "expert_layout",
+    "MeshParam",
     "is_expert",
     "fsdp_process_group",
+    "mesh_params",
+    "mesh_process_group",
+    "replicated_params",
     "preserve_param_attributes",
     "resolve_process_group",
     "resolved_settings",
@@ -211,43 +216,168 @@ def check_same_settings(groups: Sequence[ResolvedGroup], process_group: dist.Pro
             _raise_different_settings(settings, other, rank, mine)
 
 
+MeshParam = tuple[str, torch.Tensor, bool]
+"""A param as the mesh checks see it: its name, the tensor (a DTensor under FSDP2 or TP) and
+whether it is an expert param (:func:`is_expert`)."""
+
+
+def mesh_params(groups: Sequence[ResolvedGroup]) -> list[MeshParam]:
+    """Every routed param of ``groups`` as a :data:`MeshParam`."""
+    return [(name, routed.param, is_expert(routed)) for group in groups for routed, name in zip(group.params, group.param_names)]
+
+
 def fsdp_process_group(groups: Sequence[ResolvedGroup]) -> dist.ProcessGroup | None:
-    """The group over which FSDP2 (``fully_shard``) shards the params, or ``None`` without DTensors.
+    """The group the step reduces the grad norm, the inf flag and the zero count over when params
+    are DTensors (FSDP2's ``fully_shard``, tensor parallelism), or ``None`` without DTensors.
 
-    Every DTensor param must live on a 1-D device mesh (what ``fully_shard`` builds for plain data
-    parallelism): one mesh, or two where expert params (:func:`is_expert`) are sharded over their
-    own expert data-parallel mesh, whose ranks lie in the other's. The other mesh's group is
-    returned: the step reduces the grad norm and the inf flag over it. HSDP's 2-D meshes and
-    tensor parallelism are not supported.
+    :func:`mesh_process_group` of ``groups``' params.
     """
-    meshes: dict[Any, list[tuple[str, bool]]] = {}
-    for group in groups:
-        for routed, name in zip(group.params, group.param_names):
-            if isinstance(routed.param, DTensor):
-                meshes.setdefault(routed.param.device_mesh, []).append((name, is_expert(routed)))
-    if not meshes:
+    return mesh_process_group(mesh_params(groups))
+
+
+def _root(mesh: Any) -> Any:
+    """The mesh ``mesh`` was sliced from (``mesh["dp"]`` of a (dp, tp) mesh: the (dp, tp) mesh), or itself."""
+    getter = getattr(mesh, "_get_root_mesh", None)
+    root = getter() if getter is not None else None
+    return root if root is not None else mesh
+
+
+def _describe(name: str, param: DTensor) -> str:
+    mesh = param.device_mesh
+    return f"`{name}` with placements {tuple(param.placements)} on mesh {mesh.mesh_dim_names or ()} {mesh.mesh.tolist()}"
+
+
+_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+"""Groups :func:`mesh_process_group` created, by ranks: one per rank set for the whole process."""
+
+
+def mesh_process_group(params: Sequence[MeshParam]) -> dist.ProcessGroup | None:
+    """One group spanning every rank that holds any of the DTensor ``params``, or ``None`` without DTensors.
+
+    Params may live on any meshes ``fully_shard`` and ``parallelize_module`` produce: N-D meshes
+    (HSDP's (replicate, shard), FSDP x TP's (dp, tp)), 1-D sub-meshes of one root mesh (FSDP x
+    TP's ``mesh["dp"]`` for the params TP leaves whole, a flattened (edp, ep) mesh), and meshes of
+    other roots whose ranks lie within one root's (the expert data-parallel mesh of
+    ``init_device_mesh(...)["edp"]``). The group has the ranks of the largest root mesh: the world's
+    group, a mesh's own group when one has exactly those ranks, else a new group (created once,
+    by those ranks only: no other rank takes part). A rank counts each distinct piece of a param
+    once in the sums over it (:func:`replicated_params`).
+
+    Raises:
+        ValueError: A param has a placement other than ``Shard``, ``_StridedShard`` or ``Replicate``
+            (``Partial``: a pending sum the step cannot read as a gradient), or the params lie on
+            meshes whose root meshes' ranks are not all within one of them (unrelated meshes: no
+            group spans them on every rank the same way). The param and its placements are named.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    tensors = [(name, param) for name, param, _ in params if isinstance(param, DTensor)]
+    if not tensors:
         return None
-
-    def refuse(problem: str) -> ValueError:
-        described = ", ".join(f"{mesh} (first: `{params[0][0]}`)" for mesh, params in meshes.items())
-        return ValueError(
-            f"`model_chunks`: {problem}; got {described}; expected fully_shard over a single 1-D mesh, "
-            "and expert params over a second 1-D mesh of an expert data-parallel group within it"
+    for name, param in tensors:
+        odd = [p for p in param.placements if not isinstance(p, (Shard, _StridedShard, Replicate))]
+        if odd:
+            raise ValueError(
+                f"`model_chunks`: a DTensor param has a placement the optimizer cannot step; got {_describe(name, param)}; "
+                "expected Shard, _StridedShard or Replicate on each mesh dim (what fully_shard and parallelize_module "
+                "give; Partial is a pending reduction: reduce the gradients before the step)"
+            )
+    roots: dict[tuple[int, ...], tuple[str, DTensor]] = {}
+    for name, param in tensors:
+        roots.setdefault(tuple(sorted(_root(param.device_mesh).mesh.flatten().tolist())), (name, param))
+    widest = max(roots, key=len)
+    unrelated = [ranks for ranks in roots if not set(ranks) <= set(widest)]
+    if unrelated:
+        shown = "; ".join(f"ranks {list(ranks)} (first: {_describe(*first)})" for ranks, first in roots.items())
+        raise ValueError(
+            f"`model_chunks`: DTensor params lie on unrelated device meshes; got root meshes over {shown}; expected "
+            "every mesh sliced from one root mesh (init_device_mesh once, then mesh[\"dp\"], mesh[\"tp\"], ...), or "
+            "expert meshes whose ranks lie within it"
         )
+    return _group_of(widest, [param.device_mesh for _, param in tensors])
 
-    if len(meshes) > 2 or any(mesh.ndim != 1 for mesh in meshes):
-        raise refuse("DTensor params must share one 1-D device mesh (FSDP2 data parallelism), or two with experts")
-    if len(meshes) == 1:
-        group = next(iter(meshes)).get_group()
-    else:
-        expert_meshes = [mesh for mesh, params in meshes.items() if all(expert for _, expert in params)]
-        if len(expert_meshes) != 1:
-            raise refuse("with two meshes, one must hold the expert params only")
-        (dense,) = [mesh for mesh in meshes if mesh is not expert_meshes[0]]
-        group = dense.get_group()
-        _check_expert_group_within(expert_meshes[0].get_group(), group, "`model_chunks`: the expert mesh")
-    assert isinstance(group, dist.ProcessGroup)
-    return group
+
+def _group_of(ranks: tuple[int, ...], meshes: Sequence[Any]) -> dist.ProcessGroup:
+    """A group over ``ranks``: a 1-D mesh's own (as for plain FSDP), the world's, or one created once."""
+    for mesh in [_root(mesh) for mesh in meshes] + list(meshes):
+        if mesh.ndim == 1 and tuple(sorted(mesh.mesh.tolist())) == ranks:
+            found = mesh.get_group()
+            assert isinstance(found, dist.ProcessGroup)
+            return found
+    if ranks == tuple(sorted(dist.get_process_group_ranks(dist.group.WORLD))):
+        group = dist.group.WORLD
+        assert isinstance(group, dist.ProcessGroup)
+        return group
+    cached = _GROUPS.get(ranks)
+    if cached is not None:
+        try:
+            dist.get_process_group_ranks(cached)
+            return cached
+        except (KeyError, RuntimeError, ValueError):  # destroyed with its world (a new init_process_group)
+            pass
+    created = dist.new_group(list(ranks), use_local_synchronization=True)  # only its members call this
+    assert isinstance(created, dist.ProcessGroup)
+    _GROUPS[ranks] = created
+    return created
+
+
+Piece = tuple[str, tuple[int, ...] | None, tuple[int, ...], tuple[int, ...]]
+"""A distinct piece of a param: its name, its expert mesh's ranks (``None`` for other params),
+the global offset and the local shape of a rank's shard."""
+
+
+def _pieces(params: Sequence[MeshParam]) -> list[tuple[Piece, int, tuple[int, ...], str]]:
+    """This rank's :data:`Piece` of each DTensor param with elements, with its id, global shape and description."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    pieces = []
+    for name, param, expert in params:
+        if not isinstance(param, DTensor):
+            continue
+        mesh = param.device_mesh
+        shape, offset = compute_local_shape_and_global_offset(param.shape, mesh, param.placements)
+        if math.prod(shape) == 0:
+            continue
+        # Expert params of different expert-parallel ranks may share a (local) name and a place,
+        # yet be other experts: they are told apart by their mesh.
+        where = tuple(mesh.mesh.flatten().tolist()) if expert else None
+        pieces.append(((name, where, tuple(offset), tuple(shape)), id(param), tuple(param.shape), _describe(name, param)))
+    return pieces
+
+
+def replicated_params(params: Sequence[MeshParam], group: dist.ProcessGroup) -> frozenset[int]:
+    """The ids of this rank's DTensor params whose local piece a lower rank of ``group`` holds too:
+    the step leaves them out of the grad norm and the zero count, so that each distinct piece of
+    each param counts exactly once across the mesh (replicas over HSDP's replicate dim, over TP's
+    ``Replicate``, and the implicit ones of a param on a sub-mesh, such as ``mesh["dp"]``'s
+    LayerNorms under FSDP x TP, which every tp rank holds). A collective over ``group``, at
+    setup: the step then sums as before, with no collective added.
+
+    Raises:
+        ValueError: A param's distinct pieces over the group do not tile it (overlapping shards,
+            or elements no rank holds), on every rank, naming the param and its placements.
+    """
+    mine = _pieces(params)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, [(piece, shape, described) for piece, _, shape, described in mine], group=group)
+    first_holder: dict[Piece, int] = {}
+    covered: dict[tuple[str, tuple[int, ...] | None], list[Any]] = {}
+    for rank, pieces in enumerate(everyone):
+        for piece, shape, described in pieces:
+            if piece not in first_holder:
+                first_holder[piece] = rank
+                entry = covered.setdefault(piece[:2], [0, shape, described])
+                entry[0] += math.prod(piece[3])
+    for (name, _), (elements, shape, described) in sorted(covered.items(), key=lambda item: repr(item[0])):
+        if elements != math.prod(shape):
+            raise ValueError(
+                f"`model_chunks`: the ranks' shards of a DTensor param do not tile it; got {elements} distinct elements "
+                f"over the ranks for {math.prod(shape)} in {described} (e.g.); expected every element in exactly one "
+                "distinct shard (the layouts fully_shard and parallelize_module give)"
+            )
+    me = dist.get_rank(group)
+    return frozenset(ident for piece, ident, _, _ in mine if first_holder[piece] != me)
 
 
 def distributed_flag(config: OptimizerConfig) -> str | None:

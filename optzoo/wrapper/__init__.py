@@ -10,8 +10,10 @@ from optzoo.wrapper.mixed_precision import (
     StepResult,
 )
 from optzoo.wrapper.param_map import ParamEntry, ParamMap, Part, build_param_map
+from optzoo.wrapper.routing_digest import RoutingChange, RoutingChangeReport, RoutingChangeWarning
 from optzoo.wrapper.scalers import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler, make_grad_scaler
 from optzoo.wrapper.state_dict import STATE_DICT_FORMAT
+from optzoo.wrapper.telemetry import NotOrthogonalizedWarning, metrics_to_floats
 
 __all__ = [
     "ConstantGradScaler",
@@ -22,12 +24,17 @@ __all__ = [
     "LastStep",
     "MegatronGradScaler",
     "MixedPrecisionOptimizer",
+    "NotOrthogonalizedWarning",
     "ParamEntry",
     "ParamMap",
     "Part",
+    "RoutingChange",
+    "RoutingChangeReport",
+    "RoutingChangeWarning",
     "STATE_DICT_FORMAT",
     "StepOptions",
     "StepResult",
     "build_param_map",
     "make_grad_scaler",
+    "metrics_to_floats",
 ]

@@ -23,6 +23,7 @@ rank takes the same decision and reports the single-process values.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 import torch.distributed as dist
@@ -220,18 +221,25 @@ def _local_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def global_grad_norm(grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device) -> torch.Tensor:
+def global_grad_norm(
+    grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device, uncounted: Collection[int] = ()
+) -> torch.Tensor:
     """The L2 norm over every rank's gradients (each rank holding its own share).
 
     Args:
         grads: This rank's gradients (DTensors count by their local shards).
         group: The group to sum squared norms over; ``None``: this process alone.
         device: Where the result lives when this rank holds no gradient.
+        uncounted: ids of gradients in ``grads`` whose local shard a lower rank of ``group``
+            counts (a replica: :func:`optzoo.distributed.replicated_params`), left out of the sum.
     """
     if group is None:
         return _local_norm(grads)
-    local = [local_shard(g) for g in grads]
+    local = [local_shard(g) for g in grads if id(g) not in uncounted]
     squared = (_local_norm(local).double() ** 2) if local else torch.zeros((), dtype=torch.float64, device=device)
+    replicas = [local_shard(g) for g in grads if id(g) in uncounted]
+    if replicas:  # adds 0, or NaN for an inf/NaN replica: it skips the step on every rank as its own would
+        squared = squared + 0.0 * _local_norm(replicas).double()
     _all_reduce(squared, dist.ReduceOp.SUM, group)
     return squared.sqrt().float()
 
@@ -243,6 +251,7 @@ def find_inf_and_unscale_(
     group: dist.ProcessGroup | None,
     *,
     with_norm: bool = False,
+    uncounted: Collection[int] = (),
 ) -> tuple[bool, torch.Tensor | None, float | None]:
     """Unscale and detect inf/NaN on every rank; returns ``(found_inf, global norm, its value)``.
 
@@ -266,13 +275,17 @@ def find_inf_and_unscale_(
         overflow = bool(found_inf.item() > 0)
         if overflow or not with_norm:
             return overflow, None, None
-    norm = global_grad_norm(grads, group, found_inf.device)
+    norm = global_grad_norm(grads, group, found_inf.device, uncounted)
     value = float(norm)
     return not math.isfinite(value), norm, value
 
 
 def norm_and_check(
-    grads: list[torch.Tensor], grad_scaler: MegatronGradScaler | None, group: dist.ProcessGroup | None, device: torch.device
+    grads: list[torch.Tensor],
+    grad_scaler: MegatronGradScaler | None,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    uncounted: Collection[int] = (),
 ) -> tuple[bool, torch.Tensor | None, float | None]:
     """One read pass over the still scaled gradients; returns ``(found_inf, norm, its value)``.
 
@@ -281,28 +294,37 @@ def norm_and_check(
     squares (they would be clipped by 0 and still step): either way the step is skipped. Its
     value is the step's one host read. The unscaled norm equals the norm of the unscaled
     gradients bit for bit when the scale is a power of two (the dynamic scaler's always are).
+    A replica's inf/NaN (``uncounted``) is also one on the rank that counts it.
     """
     if not grads and group is None:
         return False, None, None
-    norm = unscaled_norm(grads, grad_scaler, group, device)
+    norm = unscaled_norm(grads, grad_scaler, group, device, uncounted)
     value = float(norm)
     return not math.isfinite(value), norm, value
 
 
 def unscaled_norm(
-    grads: list[torch.Tensor], grad_scaler: MegatronGradScaler | None, group: dist.ProcessGroup | None, device: torch.device
+    grads: list[torch.Tensor],
+    grad_scaler: MegatronGradScaler | None,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    uncounted: Collection[int] = (),
 ) -> torch.Tensor:
     """The global norm of the still scaled gradients times ``inv_scale``: a 0-dim float32 tensor
     (float64 for float64 grads), left on the device."""
-    return norm_under_scale(grads, grad_scaler.scale if grad_scaler is not None else None, group, device)
+    return norm_under_scale(grads, grad_scaler.scale if grad_scaler is not None else None, group, device, uncounted)
 
 
 def norm_under_scale(
-    grads: list[torch.Tensor], scale: torch.Tensor | None, group: dist.ProcessGroup | None, device: torch.device
+    grads: list[torch.Tensor],
+    scale: torch.Tensor | None,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    uncounted: Collection[int] = (),
 ) -> torch.Tensor:
     """The global norm of gradients that carry the loss scale ``scale`` (``None``: none), unscaled:
     :func:`unscaled_norm` for a scale already read off the scaler."""
-    norm = global_grad_norm(grads, group, device)
+    norm = global_grad_norm(grads, group, device, uncounted)
     return (norm * _inverse(scale)).reshape(()) if scale is not None else norm.reshape(())
 
 
@@ -366,9 +388,12 @@ def clip_by_global_norm_(grads: list[torch.Tensor], max_norm: float, norm: torch
     return norm_value
 
 
-def count_zeros(grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device) -> int:
-    """Zero elements over every rank's gradients."""
-    local = [local_shard(g) for g in grads]
+def count_zeros(
+    grads: list[torch.Tensor], group: dist.ProcessGroup | None, device: torch.device, uncounted: Collection[int] = ()
+) -> int:
+    """Zero elements over every rank's gradients, each distinct piece once (``uncounted``: ids of
+    replicas another rank counts, as in :func:`global_grad_norm`)."""
+    local = [local_shard(g) for g in grads if id(g) not in uncounted]
     zeros = torch.tensor(
         [sum(g.numel() for g in local) - int(sum(torch.count_nonzero(g) for g in local) if local else 0)],
         dtype=torch.int64, device=device,

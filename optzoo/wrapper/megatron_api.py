@@ -78,6 +78,29 @@ class MegatronMethods:
     """The config :func:`optzoo.get_optimizer` built this optimizer from (Megatron-Core's
     ``optimizer.config``); ``None`` for a wrapper built by hand."""
     _ready: ReadyGrads | None = None
+    replicated: frozenset[int] = frozenset()
+    """ids of the (DTensor) model params whose local piece a lower rank of ``process_group`` holds
+    too (:func:`optzoo.distributed.replicated_params`): left out of the grad norm and the zero count."""
+    expert_names: frozenset[str] = frozenset()
+    """Names of the expert params (what :func:`optzoo.distributed.replicated_params` tells apart by mesh)."""
+
+    _replica_entries: tuple[ParamMap, frozenset[int], list[ParamEntry]] | None = None
+
+    def _uncounted(self) -> frozenset[int]:
+        """ids of the main gradients of :attr:`replicated`'s params, as they are now."""
+        if not self.replicated:
+            return frozenset()
+        cached = self._replica_entries
+        if cached is None or cached[0] is not self.param_map or cached[1] is not self.replicated:
+            entries = [e for e in self.param_map.local if id(e.model) in self.replicated and e.main is not None]
+            cached = self._replica_entries = (self.param_map, self.replicated, entries)
+        found = set()
+        for entry in cached[2]:
+            assert entry.main is not None  # kept above
+            for grad in (entry.model.grad, entry.main.grad, getattr(entry.main, "decoupled_grad", None)):
+                if grad is not None:
+                    found.add(id(grad))
+        return frozenset(found)
 
     def get_loss_scale(self) -> torch.Tensor:  # overridden by the wrapper
         raise NotImplementedError
@@ -122,7 +145,7 @@ class MegatronMethods:
         """Zero elements of the main gradients over every rank of the group (Megatron-Core's
         ``count_zeros``; a positive factor still to apply changes no zero). A collective under a
         process group."""
-        return grad_stages.count_zeros(self._ready_grads().grads, self.process_group, self._one.device)
+        return grad_stages.count_zeros(self._ready_grads().grads, self.process_group, self._one.device, self._uncounted())
 
     @property
     def chained_optimizers(self) -> tuple[ChainedOptimizerView, ...]:
@@ -159,7 +182,7 @@ class MegatronMethods:
         when no rank can hold one (no gradient, no group)."""
         if not ready.grads and self.process_group is None:
             return None
-        norm = grad_stages.norm_under_scale(ready.grads, ready.scale, self.process_group, self._one.device)
+        norm = grad_stages.norm_under_scale(ready.grads, ready.scale, self.process_group, self._one.device, self._uncounted())
         return norm if ready.coefficient is None else norm * ready.coefficient
 
     def _clip_(self, ready: ReadyGrads, max_norm: float, norm: torch.Tensor, norm_value: float) -> None:

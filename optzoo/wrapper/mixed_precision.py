@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from optzoo._common import local_shard
+from optzoo._common import MatrixView, local_shard
 from optzoo.optimizers._checked import KeepsSettingsOptimizer, autocast_disabled
 from optzoo.optimizers.registry import get_spec
 
@@ -39,8 +39,10 @@ from optzoo.wrapper.added_groups import Rerouter, route_added_params, sync_sibli
 from optzoo.wrapper.framework_contract import ClipWatch, LastStep, torch_defaults
 from optzoo.wrapper.megatron_api import MegatronMethods, ReadyGrads
 from optzoo.wrapper.param_map import ParamMap, follow_repointed_params
+from optzoo.wrapper.routing_digest import PlanKind, RoutingChangeReport, digest_of, routing_record
 from optzoo.wrapper.scalers import MegatronGradScaler
 from optzoo.wrapper.state_dict import load_state_dict_, state_dict_of
+from optzoo.wrapper.telemetry import Telemetry
 from optzoo.wrapper.torch_state_dict import called_by_torch_state_dict_api, from_torch_format, is_torch_format, to_torch_format
 
 __all__ = [
@@ -75,6 +77,11 @@ class StepOptions:
     call, and the timer's ``start``/``stop`` signatures), so a wrong one never fails midway through a step."""
     barrier_with_L1_time: bool = False
     """Pass ``barrier=True`` to those timers."""
+    log_metrics: bool | str = False
+    """Per-group telemetry of each step, read with ``metrics()`` (``OptimizerConfig.log_metrics``):
+    ``True``, ``"per_param"`` (per param too) or ``False`` (nothing computed)."""
+    log_metrics_interval: int = 1
+    """Measure every this-many steps that reach the inner optimizers (``OptimizerConfig.log_metrics_interval``)."""
 
 
 class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
@@ -129,9 +136,13 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         self._grad_buffers: dict[int, torch.Tensor] = {}  # fp32 copies of 16-bit grads, reused every step
         self._rerouter: Rerouter | None = None  # set by get_optimizer: what add_param_group routes with
         self._inner_keys: list[tuple[Any, ...]] = []  # per inner optimizer: instance_key of its groups
+        # Every param's matrix view by name, set by get_optimizer from the routing (a rank of the
+        # distributed optimizer holds only its own params' views in its groups).
+        self._matrix_views: dict[str, MatrixView | None] = {}
         self._siblings: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
         self._last_step: LastStep | None = None
         self._skipped_steps: int | torch.Tensor = 0
+        self._telemetry = Telemetry(per_param=options.log_metrics == "per_param", interval=options.log_metrics_interval) if options.log_metrics else None
         self._clip_watch = ClipWatch([e.model for e in param_map.local]) if options.clip_grad > 0.0 and param_map.grad_source == "grad" else None
         self._index_inner_optimizers()
 
@@ -163,28 +174,31 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
 
     def _follow_repointed_params(self) -> bool:
         """Follow a framework's re-pointing of ``param_groups`` at new params (accelerate's FSDP2
-        ``prepare``), by name: the map, the inner optimizers' params and, for FSDP2 params, the group
-        the norm and the inf/NaN flag are reduced over; returns whether there was one to follow.
+        ``prepare``), by name: the map, the inner optimizers' params and, for FSDP2 params on any mesh,
+        the group the norm and the inf/NaN flag are reduced over and the replicas left out of the norm
+        (:func:`optzoo.distributed.mesh_process_group`, :func:`~optzoo.distributed.replicated_params`:
+        a collective); returns whether there was one to follow.
 
         Raises:
-            ValueError: It cannot be followed (see :func:`~optzoo.wrapper.param_map.follow_repointed_params`).
+            ValueError: It cannot be followed (see :func:`~optzoo.wrapper.param_map.follow_repointed_params`),
+                or the new params lie where no group serves them (a ``Partial`` placement, unrelated meshes).
         """
         followed = follow_repointed_params(self.param_map, self.param_groups, self.state)
         if followed is None:
             return False
-        meshes = {e.model.device_mesh for e in followed.entries if isinstance(e.model, DTensor)}
-        if len(meshes) > 1 or any(mesh.ndim != 1 for mesh in meshes):
-            raise ValueError(
-                f"`param_groups`: re-pointed at DTensor params on {len(meshes)} device meshes; got {sorted(map(str, meshes))}; "
-                "expected one 1-D mesh (FSDP2 data parallelism): build the optimizer after fully_shard, without accelerate's prepare"
-            )
+        # A collective when DTensors follow: every rank re-points at the same step (prepare runs on all).
+        from optzoo.distributed.setup import mesh_process_group, replicated_params
+
+        params = [(e.name, e.model, e.name in self.expert_names) for e in followed.entries]
+        mesh_group = mesh_process_group(params)  # raises, naming the param, where no group can serve
+        replicated = replicated_params(params, mesh_group) if mesh_group is not None else frozenset()
         self.param_map = followed
         for opt in self.optimizers:  # not every fused kernel has a DTensor rule (SGD's has none); foreach ones do
             for group in opt.param_groups:
                 if group.get("fused") and any(isinstance(p, DTensor) for p in group["params"]):
                     group["fused"], group["foreach"] = False, True
-        if meshes:
-            self.process_group = next(iter(meshes)).get_group()
+        if mesh_group is not None:
+            self.process_group, self.replicated = mesh_group, replicated
         self._read_inner_params()
         self._grad_buffers.clear()
         first = next((e.main for e in followed.local), None)
@@ -427,13 +441,15 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         deferred = self.options.fold_clip_and_scale
         with self._timed("optimizer-unscale-and-check-inf"):
             if deferred:
-                found_inf, norm, norm_value = grad_stages.norm_and_check(grads, self.grad_scaler, group, device)
+                found_inf, norm, norm_value = grad_stages.norm_and_check(grads, self.grad_scaler, group, device, self._uncounted())
             else:
                 found_inf, norm, norm_value = grad_stages.find_inf_and_unscale_(
-                    grads, self.grad_scaler, self._found_inf, group, with_norm=self._needs_norm()
+                    grads, self.grad_scaler, self._found_inf, group, with_norm=self._needs_norm(), uncounted=self._uncounted()
                 )
         if self.grad_scaler is not None:
             self.grad_scaler.update(found_inf)
+        if self._telemetry is not None and not found_inf:  # before any clip; unscaled in place unless deferred
+            self._telemetry.grads_(self, scale if deferred else None)
         self._ready = ReadyGrads(grads, deferred, scale if deferred else None, norm, norm_value)
         return found_inf
 
@@ -448,6 +464,16 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         are stepped as they are."""
         ready, self._ready = self._ready, None
         factors = ready.factors() if ready is not None else None
+        telemetry = self._telemetry
+        if telemetry is None:
+            return self._inner_steps(factors)
+        telemetry.before_update_(self)
+        stepped = self._inner_steps(factors)
+        telemetry.after_update_(self, counts_here=self._counts_orthogonalized_here())
+        return stepped
+
+    def _inner_steps(self, factors: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+        """:meth:`step_with_ready_grads` after the factors are known: the inner steps and the copy back."""
         with autocast_disabled(), self._timed("optimizer-inner-step"), _without_global_step_hooks():
             missing = step_guards.missing_momentum_buffers(self.optimizers)
             inner = list(zip(self.optimizers, self._takes_grad_scale, self._params_of, self._verified, strict=True))
@@ -495,6 +521,31 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
             return False
         return True
 
+    _each_rank_steps_every_param = True
+    """Under a process group (FSDP2), every rank steps its shard of every param (the distributed
+    optimizers: each rank its own params): telemetry counts orthogonalised params on one rank only."""
+
+    def _counts_orthogonalized_here(self) -> bool:
+        group = self.process_group
+        return group is None or not self._each_rank_steps_every_param or dist.get_rank(group) == 0
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """The last step's telemetry (``OptimizerConfig.log_metrics``): ``{"<algorithm>/<k>/<metric>": 0-dim tensor}``,
+        on the params' device, nothing read to the host (:func:`optzoo.metrics_to_floats` reads them
+        in one transfer). Empty before the first step that reached the inner optimizers; a step
+        skipped before them (inf/NaN, ``grad_norm_skip_threshold``) leaves the last one's. See
+        :mod:`optzoo.wrapper.telemetry` for the metrics.
+
+        Raises:
+            ValueError: Telemetry is off (``log_metrics=False``).
+        """
+        if self._telemetry is None:
+            raise ValueError(
+                "`metrics`: telemetry is off; got OptimizerConfig.log_metrics=False; expected log_metrics=True "
+                "(per group) or 'per_param' when get_optimizer builds the optimizer"
+            )
+        return dict(self._telemetry.last)
+
     def _needs_norm(self) -> bool:
         """Whether a step computes the global norm: to clip, or to compare with the threshold."""
         return self.options.clip_grad > 0.0 or math.isfinite(self.options.grad_norm_skip_threshold)
@@ -538,17 +589,23 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
         if not grads and group is None:
             return torch.ones((), dtype=torch.bool, device=device), None, None
         with self._timed("optimizer-unscale-and-check-inf"):
-            norm = grad_stages.unscaled_norm(grads, self.grad_scaler, group, device)
+            norm = grad_stages.unscaled_norm(grads, self.grad_scaler, group, device, self._uncounted())
             found_inf = self._skip_on_device(norm)
         with self._timed("optimizer-clip-main-grad") if clipping else contextlib.nullcontext():
             factors = grad_stages.grad_factors(norm, self.grad_scaler, self.options.clip_grad, clip=clipping)
             divisor = factors[1] if factors is not None else self._one.reshape(())
+        telemetry = self._telemetry
+        if telemetry is not None:
+            telemetry.grads_(self, self.grad_scaler.scale if self.grad_scaler is not None else None)
+            telemetry.before_update_(self)
         with self._timed("optimizer-inner-step"), _without_global_step_hooks():
             # zero buffers: a first step skipped in the kernel leaves them as a clean one would find them
             step_guards.zero_momentum_buffers_(step_guards.missing_momentum_buffers(self.optimizers))
             for opt in self.optimizers:
                 with _amp_scaling(opt, divisor, found_inf):
                     opt.step()
+        if telemetry is not None:
+            telemetry.after_update_(self, counts_here=self._counts_orthogonalized_here())
         with self._timed("optimizer-copy-main-to-model-params"):
             grad_stages.main_params_to_model_params(self.param_map)  # a skipped step copies the same values
         return found_inf == 0, norm if self._needs_norm() else None, None
@@ -637,24 +694,76 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
     def _state_dict(self) -> dict[str, Any]:
         """Override point: the state dict, before the hooks."""
         return state_dict_of(
-            param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler
-        )
+            param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
+            routing=self.routing_record(),
+        )  # fmt: skip
+
+    def _plan_kind(self) -> PlanKind:
+        """Override point: how this optimizer is distributed (see :data:`~optzoo.wrapper.routing_digest.PlanKind`)."""
+        if self.process_group is not None and any(isinstance(entry.model, DTensor) for entry in self.param_map.entries):
+            return "fsdp2"
+        return "none"
+
+    @property
+    def param_map(self) -> ParamMap:
+        """Every trainable param in group order, with how this process steps it."""
+        return self._param_map
+
+    @param_map.setter
+    def param_map(self, value: ParamMap) -> None:
+        self._param_map = value
+        # the dtypes it was built for: a model cast later is refused by the next step, and must not
+        # change what state_dict records
+        self._built_dtypes = {entry.name: entry.model.dtype for entry in value.entries}
+
+    def routing_record(self) -> dict[str, Any]:
+        """What decides every param's optimizer state (shape, group, algorithm, precision flags, block
+        layout) and the plan's kind, as :mod:`~optzoo.wrapper.routing_digest` records it in checkpoints."""
+        views = dict(self._matrix_views)
+        for group, entries in zip(self.param_groups, self.param_map.local_by_group(), strict=True):
+            local_views = group.get("matrix_views") or []
+            if len(local_views) == len(entries):  # (parallel to this process's params)
+                for entry, view in zip(entries, local_views, strict=True):
+                    views.setdefault(entry.name, view)
+        return routing_record(self.param_map, self.param_groups, views, self._plan_kind(), self._built_dtypes)
+
+    @property
+    def routing_digest(self) -> str:
+        """SHA-256 of :meth:`routing_record`: the ``routing_digest`` its checkpoints carry; the same in
+        every process and on every world size of one plan kind."""
+        return digest_of(self.routing_record())
 
     def _torch_state_dict(self) -> dict[str, Any]:
         """Override point: this process's state in torch.optim's format, for torch's DCP state-dict API."""
         return to_torch_format(MixedPrecisionOptimizer._state_dict(self), self.param_groups, self.param_map)
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    # torch's returns None; so does ours unless asked for a report
+    def load_state_dict(  # type: ignore[override]
+        self, state_dict: Mapping[str, Any], *, allow_routing_change: bool = False, warm_start: bool = False
+    ) -> RoutingChangeReport | None:
         """Restore groups' hyperparameters and state, matching parameters by name.
 
         Also takes torch.optim's format (``params`` by position, or by the names torch's DCP
         ``set_optimizer_state_dict`` puts there), matched to this optimizer's params in order.
 
-        Everything is checked before anything changes: a name that exists on one side only,
-        a group whose members differ, or a group that changed optimizer is a ``ValueError``
+        Everything is checked before anything changes: a name that exists on one side only, or a
+        param whose routing changed (another algorithm, group, precision or block layout: the
+        checkpoint's ``routing_digest`` differs, see docs/distributed.md) is a ``ValueError``
         naming both sides, and the optimizer is left as it was. Hooks registered with
         ``register_load_state_dict_pre_hook``/``_post_hook`` run as in torch (a pre-hook may
         return the dict to load instead).
+
+        Args:
+            state_dict: What :meth:`state_dict` returned (or torch.optim's format).
+            allow_routing_change: Load what still fits and start the params whose routing changed
+                with fresh state (as a new optimizer's); a ``RoutingChangeWarning`` names them.
+            warm_start: With ``allow_routing_change``: convert the state of a param moved between
+                ``adam`` and ``muon`` instead (:func:`~optzoo.wrapper.routing_digest.warm_start_state`,
+                an approximation).
+
+        Returns:
+            With ``allow_routing_change``, the :class:`~optzoo.wrapper.routing_digest.RoutingChangeReport`
+            (every changed param, and exactly which started fresh or were converted); else ``None``.
         """
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)  # type: ignore[arg-type]  # torch types it dict; any mapping loads
@@ -662,19 +771,23 @@ class MixedPrecisionOptimizer(MegatronMethods, KeepsSettingsOptimizer):
                 state_dict = result
         if is_torch_format(state_dict):
             state_dict = self._from_torch_format(state_dict)
-        self._load_state_dict(state_dict)
+        report = self._load_state_dict(state_dict, allow_routing_change=allow_routing_change, warm_start=warm_start)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
+        return report
 
     def _from_torch_format(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         """Override point: a torch-format state dict as optzoo's name-keyed one."""
         return from_torch_format(state_dict, self.param_map)
 
-    def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def _load_state_dict(
+        self, state_dict: Mapping[str, Any], *, allow_routing_change: bool = False, warm_start: bool = False
+    ) -> RoutingChangeReport | None:
         """Override point: the checked load, between the hooks."""
-        load_state_dict_(
+        return load_state_dict_(
             state_dict, param_groups=self.param_groups, state=self.state, param_map=self.param_map, grad_scaler=self.grad_scaler,
-            optimizers=self.optimizers, agree=self._agree_on_load,
+            optimizers=self.optimizers, agree=self._agree_on_load, routing=self.routing_record(),
+            allow_routing_change=allow_routing_change, warm_start=warm_start,
         )  # fmt: skip
 
     def _agree_on_load(self, error: Exception | None) -> None:

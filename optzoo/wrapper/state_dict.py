@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -21,6 +22,17 @@ from optzoo._common import shorten
 from optzoo.optimizers.state_layout import check_state, state_layout_of
 from optzoo.wrapper._placement import as_kind_of, has_data
 from optzoo.wrapper.param_map import ParamMap, Part
+from optzoo.wrapper.routing_digest import (
+    DIGEST_KEY,
+    OPTZOO_FRAMES,
+    ROUTING_KEY,
+    RoutingChangeReport,
+    WARM_STARTS,
+    RoutingChangeWarning,
+    check_routing,
+    digest_of,
+    warm_start_state,
+)
 from optzoo.wrapper.scalers import MegatronGradScaler
 
 KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
@@ -43,12 +55,14 @@ def state_dict_of(
     state: Mapping[torch.Tensor, Any],
     param_map: ParamMap,
     grad_scaler: MegatronGradScaler | None,
+    routing: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """This process's state, keyed by names; groups carry every name, owned here or not.
 
     Tensors are the live ones, as in torch; ``torch.save`` (or a deep copy) snapshots them.
     Under the sharded optimizer the tensors of a param split by elements cover this rank's
-    range only (:mod:`optzoo.distributed.checkpoint` consolidates them).
+    range only (:mod:`optzoo.distributed.checkpoint` consolidates them). ``routing`` (the
+    optimizer's :func:`~optzoo.wrapper.routing_digest.routing_record`) is saved with its digest.
     """
     group_names = param_map.group_names()
     groups = [
@@ -65,6 +79,7 @@ def state_dict_of(
         "main_params": {entry.name: mains[entry.name] for entry in param_map.local if entry.master},
         # Checked at load: state of another shape would be read out of bounds by fused kernels.
         "param_shapes": {entry.name: list(entry.model.shape) for entry in param_map.entries},
+        **({ROUTING_KEY: dict(routing), DIGEST_KEY: digest_of(routing)} if routing is not None else {}),
     }
 
 
@@ -84,7 +99,10 @@ def load_state_dict_(
     grad_scaler: MegatronGradScaler | None,
     optimizers: Sequence[torch.optim.Optimizer] = (),
     agree: Callable[[Exception | None], None] | None = None,
-) -> None:
+    routing: Mapping[str, Any] | None = None,
+    allow_routing_change: bool = False,
+    warm_start: bool = False,
+) -> RoutingChangeReport | None:
     """Restore hyperparameters, state, fp32 main params and the loss scale, matching params by name.
 
     A param's state goes through its inner optimizer's ``restore_state(values, param, name)``
@@ -100,11 +118,24 @@ def load_state_dict_(
     ``agree`` (the distributed optimizer's) is called once every check has run on this rank,
     with this rank's error or ``None``: it raises on every rank if any rank failed, so that all
     ranks refuse a checkpoint together and none has changed anything.
+
+    ``routing`` (this optimizer's :func:`~optzoo.wrapper.routing_digest.routing_record`) is compared
+    with the checkpoint's first: a changed routing is refused naming the params, unless
+    ``allow_routing_change``; then the params whose routing changed start fresh (``warm_start``:
+    converted where :func:`~optzoo.wrapper.routing_digest.warm_start_state` can), a
+    :class:`~optzoo.wrapper.routing_digest.RoutingChangeWarning` names them, and the
+    :class:`~optzoo.wrapper.routing_digest.RoutingChangeReport` is returned (else ``None``).
     """
-    try:
-        apply = _prepare_load(
-            state_dict, param_groups=param_groups, state=state, param_map=param_map, grad_scaler=grad_scaler, optimizers=optimizers
+    if warm_start and not allow_routing_change:
+        raise ValueError(
+            "`warm_start`: converts the state of params whose routing changed; got warm_start=True with "
+            "allow_routing_change=False; expected allow_routing_change=True with it"
         )
+    try:
+        apply, report = _prepare_load(
+            state_dict, param_groups=param_groups, state=state, param_map=param_map, grad_scaler=grad_scaler, optimizers=optimizers,
+            routing=routing, allow_routing_change=allow_routing_change, warm_start=warm_start,
+        )  # fmt: skip
     except Exception as error:
         if agree is None:
             raise
@@ -113,6 +144,15 @@ def load_state_dict_(
     if agree is not None:
         agree(None)  # another rank's error is raised here, before this rank changes anything
     apply()
+    if report is not None and report.fresh:
+        warnings.warn(
+            f"`load_state_dict`: started {len(report.fresh)} params with fresh optimizer state, their routing having "
+            f"changed; got [{shorten(list(report.fresh))}]; expected nothing else to start fresh "
+            "(the returned RoutingChangeReport lists them all)",
+            RoutingChangeWarning,
+            skip_file_prefixes=OPTZOO_FRAMES,
+        )
+    return report if allow_routing_change else None
 
 
 def _prepare_load(
@@ -123,7 +163,10 @@ def _prepare_load(
     param_map: ParamMap,
     grad_scaler: MegatronGradScaler | None,
     optimizers: Sequence[torch.optim.Optimizer],
-) -> Callable[[], None]:
+    routing: Mapping[str, Any] | None,
+    allow_routing_change: bool,
+    warm_start: bool,
+) -> tuple[Callable[[], None], RoutingChangeReport | None]:
     """Every check of :func:`load_state_dict_`, and the loaded values; the returned function changes the optimizer."""
     if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_DICT_FORMAT:
         got = state_dict.get("format") if isinstance(state_dict, Mapping) else type(state_dict).__name__
@@ -150,6 +193,13 @@ def _prepare_load(
             f"expected also: [{shorten(missing)}] (only in this model)"
         )
     check_param_shapes(state_dict, param_map)
+    changes = check_routing(state_dict, routing, canonical, allow_routing_change=allow_routing_change) if routing is not None else []
+    changed = {change.name: change for change in changes}
+    # Rules of names alone, so every rank reports the same: a param moved to another group of the
+    # same algorithm, precision and layout keeps its state; one warm-started converts it; the rest start fresh.
+    converted = {c.name for c in changes if warm_start and c.what == ("algorithm",) and (c.old_optimizer, c.new_optimizer) in WARM_STARTS}
+    fresh = {c.name for c in changes if c.what != ("group",) and c.name not in converted}
+    report = RoutingChangeReport(tuple(changes), tuple(c.name for c in changes if c.name in fresh), tuple(c.name for c in changes if c.name in converted))
     group_names = param_map.group_names()
     matched: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
     saved_of: dict[int, Mapping[str, Any]] = {}
@@ -159,6 +209,8 @@ def _prepare_load(
         assert first is not None  # every saved name is known (checked above)
         index = first.group
         group = param_groups[index]
+        if changed and (set(names) != set(group_names[index]) or saved.get("optimizer") != group["optimizer"]):
+            continue  # its members changed (allowed): the group keeps this optimizer's settings
         if set(names) != set(group_names[index]):
             raise ValueError(
                 f"`state_dict`: param group #{index} differs from the checkpoint's; got "
@@ -183,13 +235,23 @@ def _prepare_load(
             raise ValueError(
                 f"`state_dict`: state for unknown parameter; got {name!r}; expected one of [{shorten(sorted(ours))}]"
             )
-        if entry.main is None:
-            continue  # another rank steps it (and checks it)
+        if entry.main is None or entry.name in fresh:
+            continue  # another rank steps it (and checks it), or it starts fresh
+        if entry.name in converted:
+            change = changed[entry.name]
+            carried = warm_start_state(change.old_optimizer, change.new_optimizer, values)
+            if carried is None:
+                raise ValueError(
+                    f"`{entry.name}`: warm start from {change.old_optimizer!r} to {change.new_optimizer!r} needs its saved state; "
+                    f"got keys {sorted(values)}; expected those {change.old_optimizer!r} keeps"
+                )
+            values = carried
         group = param_groups[entry.group]
         owner, inner_group = owners.get(id(entry.main), (None, group))
         # The layout under the settings the group will have: the checkpoint's hyperparameters
         # (say, AdaptiveMuon's moment2_method) replace this group's, as applied below.
-        loaded_group = {**inner_group, **{k: v for k, v in saved_of[entry.group].items() if k not in (*STRUCTURAL_KEYS, *KERNEL_KEYS)}}
+        saved_settings = saved_of.get(entry.group, {})
+        loaded_group = {**inner_group, **{k: v for k, v in saved_settings.items() if k not in (*STRUCTURAL_KEYS, *KERNEL_KEYS)}}
         restore = getattr(owner, "restore_state", None)
         if restore is None and "master_param" in values:  # the precision setting, named before the layout
             raise ValueError(
@@ -215,7 +277,9 @@ def _prepare_load(
 
     # A checkpoint with state for some params but none for one this optimizer has stepped would
     # silently restart that param's moments (a checkpoint without any state, never stepped, loads).
-    dropped = [e.name for e in param_map.local if e.main is not None and state.get(e.main) and e.main not in new_state]
+    dropped = [
+        e.name for e in param_map.local if e.main is not None and state.get(e.main) and e.main not in new_state and e.name not in changed
+    ]
     if state_dict["state"] and dropped:
         raise ValueError(
             f"`state_dict`: no optimizer state for params stepped here; got a checkpoint with state for "
@@ -277,7 +341,7 @@ def _prepare_load(
         for opt in optimizers:  # as torch's loader ends: each class brings older state into its format
             opt.__setstate__({"state": opt.state, "param_groups": opt.param_groups})  # (a number ``step`` becomes a tensor)
 
-    return apply
+    return apply, report
 
 
 def _damaged(where: str, got: str, expected: str) -> ValueError:

@@ -19,6 +19,7 @@ from typing import Any
 
 from optzoo._common import shorten
 from optzoo.wrapper.param_map import ParamMap
+from optzoo.wrapper.routing_digest import DIGEST_KEY
 from optzoo.wrapper.state_dict import STATE_DICT_FORMAT
 
 __all__ = ["MAIN_PARAM_KEY", "called_by_torch_state_dict_api", "from_torch_format", "is_torch_format", "to_torch_format"]
@@ -135,4 +136,8 @@ def from_torch_format(state_dict: Mapping[str, Any], param_map: ParamMap) -> dic
                 state[entry.name] = values
         scaler = saved.get("grad_scaler", scaler)
         groups.append({**{k: v for k, v in saved.items() if k not in ("params", "grad_scaler")}, "param_names": group_names[index]})
-    return {"format": STATE_DICT_FORMAT, "state": state, "param_groups": groups, "grad_scaler": scaler, "main_params": mains}
+    # torch's format keeps only state and groups by position: no routing digest to compare (its
+    # groups' `optimizer` still show an algorithm change); None says so, so no old-checkpoint warning.
+    return {
+        "format": STATE_DICT_FORMAT, "state": state, "param_groups": groups, "grad_scaler": scaler, "main_params": mains, DIGEST_KEY: None,
+    }  # fmt: skip

@@ -1341,3 +1341,31 @@ def test_a_module_in_the_current_directory_is_found(
     before = list(sys.path)
     assert group_of(dump_json(capsys, "--model", f"{name}:build")) == {"0.weight": 0, "0.bias": 1}
     assert sys.path == before
+
+
+def test_explain_shows_the_newton_schulz_kernel_and_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: per matrix shape of the Muon family, the kernel a step runs: pinned, from the disk
+    cache, or the kernels the first step will time (``muon_fp32_matmul_prec`` bounds them)."""
+    config = tmp_path / "muon.toml"
+    config.write_text('[config]\noptimizer = "muon"\nlr = 0.02\nmuon_fp32_matmul_prec = "highest"\n')
+    monkeypatch.delenv("OPTZOO_NS_VARIANT")
+    code, out, _ = run(capsys, "dump-param-groups", "--model", "gpt", "--config", str(config), "--explain", "--format", "json")
+    assert code == 0
+    kernels = json.loads(out)["newton_schulz"]
+    # The built-in GPT at hidden 128, 2 layers: its MLP matrices are 512x128 and 128x512, two of each.
+    assert {row["matrices"] for row in kernels} >= {"512x128", "128x512"}
+    assert all(row["Newton-Schulz kernel"] == "probed at the first step: the fastest of 4 on CPU (standard/ieee, gram/ieee; "
+               "stacked or per matrix)" for row in kernels)  # fmt: skip
+    cache = tmp_path / "ns.json"
+    monkeypatch.setenv("OPTZOO_NS_CACHE", str(cache))
+    from optzoo.optimizers.newton_schulz_probe import machine_key
+
+    cache.write_text(json.dumps({machine_key(torch.device("cpu")): {"float32 128x512 batch<=2 highest steps=5": {"kernel": "gram/ieee"}}}))
+    code, out, _ = run(capsys, "dump-param-groups", "--model", "gpt", "--config", str(config), "--explain", "--format", "json")
+    by_shape = {row["matrices"]: row["Newton-Schulz kernel"] for row in json.loads(out)["newton_schulz"]}
+    assert by_shape["512x128"] == by_shape["128x512"] == "gram/ieee (OPTZOO_NS_CACHE, on CPU)"
+    monkeypatch.setenv("OPTZOO_NS_VARIANT", "standard/ieee/per-matrix")
+    code, out, _ = run(capsys, "dump-param-groups", "--model", "gpt", "--config", str(config), "--explain")
+    assert code == 0 and re.search(r"512x128\s+2\s+highest\s+standard/ieee/per-matrix \(pinned\)", out)

@@ -80,6 +80,10 @@ def _invocations(tmp_path: Path) -> list[list[str]]:
          "--example-inputs", "input_ids=1x16:int64"],
         ["dump-param-groups", "--model", "hf:MixtralConfig", "--config", "muon-llm", "--explain", "--world-size", "4",
          "--expert-world-size", "2", "--distributed-mode", "sharded"],
+        ["dump-param-groups", "--model", "gpt", "--config", "muon-llm", "--mesh", "2x2", "--tp", "2", "--tp-mode", "blockwise",
+         "--bucket-size", "1MiB"],
+        ["dump-param-groups", "--model", "hf:LlamaConfig", "--config", "muon-llm", "--explain", "--mesh", "dp=2,tp=2",
+         "--example-inputs", "input_ids=1x16:int64"],
         ["lint", "--model", "hf:LlamaConfig", "--config", str(findings)],
         ["lint", "--model", "hf:T5Config", "--config", "muon-llm"],
     ]  # fmt: skip

@@ -198,6 +198,36 @@ OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer
 DIRECT_STEPS = 3
 
 
+def step_sharded_beside_plain(
+    build: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer], shapes: list[tuple[int, ...]], qkv_split: list[int],
+    steps: int, mesh: Any,
+) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter], torch.optim.Optimizer, torch.optim.Optimizer]:
+    """``build`` over plain params and over ``Shard(0)`` DTensor copies of them, stepped ``steps``
+    times with the same gradients (the last param a fused QKV split by ``qkv_split``); the sharded
+    optimizer's state dict makes a round trip into a new optimizer after the first step.
+    Returns ``(plain, sharded, plain's optimizer, sharded's optimizer)``."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    generator = torch.Generator().manual_seed(3)  # the same values on every rank
+    initial = [torch.randn(shape, generator=generator) for shape in shapes]
+    plain = [torch.nn.Parameter(w.clone()) for w in initial]
+    sharded = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in initial]
+    for p in (plain[-1], sharded[-1]):
+        p.qkv_split_shapes = qkv_split  # type: ignore[attr-defined]
+    reference, opt = build(plain), build(sharded)
+    for step in range(steps):
+        grads = [torch.randn(shape, generator=generator) for shape in shapes]
+        for p, q, g in zip(plain, sharded, grads):
+            p.grad, q.grad = g.clone(), distribute_tensor(g.clone(), mesh, [Shard(0)])
+        reference.step()
+        opt.step()
+        if step == 0:
+            saved = copy.deepcopy(opt.state_dict())
+            opt = build(sharded)
+            opt.load_state_dict(saved)
+    return plain, sharded, reference, opt
+
+
 def _direct_runs(rank: int, world_size: int) -> dict[str, Any]:
     """Each optimizer on Shard(0) DTensors and on plain copies with the same gradients.
 
@@ -205,28 +235,12 @@ def _direct_runs(rank: int, world_size: int) -> dict[str, Any]:
     optimizer, the largest difference of whole params and state, and the state's placements.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     mesh = init_device_mesh("cpu", (world_size,))
     out: dict[str, Any] = {}
     for name, build in OPTIMIZERS.items():
-        generator = torch.Generator().manual_seed(3)  # the same values on every rank
-        initial = [torch.randn(shape, generator=generator) for shape in SHAPES]
-        plain = [torch.nn.Parameter(w.clone()) for w in initial]
-        sharded = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in initial]
-        for p in (plain[-1], sharded[-1]):
-            p.qkv_split_shapes = QKV_SPLIT  # type: ignore[attr-defined]
-        reference, opt = build(plain), build(sharded)
-        for step in range(DIRECT_STEPS):
-            grads = [torch.randn(shape, generator=generator) for shape in SHAPES]
-            for p, q, g in zip(plain, sharded, grads):
-                p.grad, q.grad = g.clone(), distribute_tensor(g.clone(), mesh, [Shard(0)])
-            reference.step()
-            opt.step()
-            if step == 0:
-                saved = copy.deepcopy(opt.state_dict())
-                opt = build(sharded)
-                opt.load_state_dict(saved)
+        plain, sharded, reference, opt = step_sharded_beside_plain(build, SHAPES, QKV_SPLIT, DIRECT_STEPS, mesh)
         diffs = [(q.full_tensor() - p).abs().max().item() for p, q in zip(plain, sharded)]  # type: ignore[attr-defined]
         for p, q in zip(plain, sharded):
             for key, value in opt.state[q].items():

@@ -10,7 +10,6 @@ elementwise tolerance below the update's own size holds between two Newton–Sch
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,12 +26,7 @@ from tests.optimizers.test_muon import END_TO_END, EXTRA, SETTINGS, SHAPES, WIDE
 METHODS: tuple[Moment2Method, ...] = ("adamuon", "normuon", "namo")
 
 
-@pytest.fixture(autouse=True)
-def highest_precision() -> Iterator[None]:
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
+pytestmark = pytest.mark.usefixtures("highest_precision")  # tests/conftest.py
 
 
 def _upstream_pair(shapes: list[tuple[int, int]], **settings: Any) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:

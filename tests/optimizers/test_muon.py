@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import re
 import warnings
-from collections.abc import Iterator
 from typing import Any, get_args
 
 import pytest
@@ -42,12 +41,7 @@ END_TO_END = {"atol": 2e-6, "rtol": 2e-6}
 BATCHED = {"atol": 1e-6, "rtol": 1e-6}
 
 
-@pytest.fixture(autouse=True)
-def highest_precision() -> Iterator[None]:
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
+pytestmark = pytest.mark.usefixtures("highest_precision")  # tests/conftest.py
 
 
 def _upstream_pair(shapes: list[tuple[int, int]], **settings: Any) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:

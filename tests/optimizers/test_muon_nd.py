@@ -23,7 +23,7 @@ from optzoo.optimizers.muon import Muon, ScaleMode, as_matrices, matrix_shape, m
 from optzoo.optimizers.newton_schulz import CoefficientType, newton_schulz
 from tests.optimizers.reference.muon import drive
 from tests.optimizers.test_muon import SETTINGS, _spy_batches
-from tests.optimizers.test_muon import highest_precision as highest_precision  # autouse here too
+pytestmark = pytest.mark.usefixtures("highest_precision")  # tests/conftest.py
 
 STACKS = [(5, 7), (3, 5, 7), (2, 16, 40), (2, 9, 4)]
 """A 2-D 5×7 first, so the odd 3×5×7 stack shares its batch (4 matrices); a wide stack; a tall

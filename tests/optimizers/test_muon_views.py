@@ -38,7 +38,7 @@ from optzoo.optimizers.adaptive_muon import AdaptiveMuon
 from optzoo.optimizers.muon import Muon, ScaleMode
 from tests.optimizers.reference.muon import upstream_newton_schulz
 from tests.optimizers.test_muon import END_TO_END, EXTRA, SETTINGS
-from tests.optimizers.test_muon import highest_precision as highest_precision  # autouse here too
+pytestmark = pytest.mark.usefixtures("highest_precision")  # tests/conftest.py
 
 SCALE_MODES: tuple[ScaleMode, ...] = get_args(ScaleMode)
 STEPS = 4

@@ -17,9 +17,7 @@ bf16, exact resume, and FSDP2 (one 2-rank spawn).
 
 from __future__ import annotations
 
-import copy
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import emerging_optimizers.orthogonalized_optimizers  # noqa: F401  (registers the classes)
@@ -81,12 +79,7 @@ END_TO_END: dict[str, dict[str, float]] = {
 DEFAULT_END_TO_END = {"atol": 2e-6, "rtol": 2e-6}
 
 
-@pytest.fixture(autouse=True)
-def highest_precision() -> Iterator[None]:
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
+pytestmark = pytest.mark.usefixtures("highest_precision")  # tests/conftest.py
 
 
 def upstream(name: str, params: Any, settings: dict[str, Any]) -> torch.optim.Optimizer:
@@ -670,10 +663,10 @@ def _fsdp_runs(rank: int, world_size: int) -> dict[str, Any]:
     params and plain copies in this process (same gradients; a state-dict round trip after step 1);
     per projecting one, the error get_optimizer raises on a fully_shard-ed tiny GPT."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
 
     from optzoo.distributed import preserve_param_attributes
     from tests.conftest import tiny_gpt
+    from tests.distributed.test_fsdp2 import step_sharded_beside_plain
     from torch.distributed.fsdp import fully_shard
 
     torch.set_float32_matmul_precision("highest")
@@ -684,23 +677,7 @@ def _fsdp_runs(rank: int, world_size: int) -> dict[str, Any]:
             def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
                 return CLASSES[name](params, **COMMON, fsdp_orthogonalize=path)
 
-            generator = torch.Generator().manual_seed(3)  # the same values on every rank
-            initial = [torch.randn(shape, generator=generator) for shape in FSDP_SHAPES]
-            plain = [torch.nn.Parameter(w.clone()) for w in initial]
-            sharded = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in initial]
-            for p in (plain[-1], sharded[-1]):
-                p.qkv_split_shapes = [1, 1, 1]  # type: ignore[attr-defined]
-            reference, opt = build(plain), build(sharded)
-            for step in range(FSDP_STEPS):
-                grads = [torch.randn(shape, generator=generator) for shape in FSDP_SHAPES]
-                for p, q, g in zip(plain, sharded, grads):
-                    p.grad, q.grad = g.clone(), distribute_tensor(g.clone(), mesh, [Shard(0)])
-                reference.step()
-                opt.step()
-                if step == 0:
-                    saved = copy.deepcopy(opt.state_dict())
-                    opt = build(sharded)
-                    opt.load_state_dict(saved)
+            plain, sharded, reference, opt = step_sharded_beside_plain(build, FSDP_SHAPES, [1, 1, 1], FSDP_STEPS, mesh)
             diffs = [(q.full_tensor() - p).abs().max().item() for p, q in zip(plain, sharded)]  # type: ignore[attr-defined]
             diffs += [(opt.state[q]["momentum_buffer"].full_tensor() - reference.state[p]["momentum_buffer"]).abs().max().item() for p, q in zip(plain, sharded)]
             out[f"{name}-{path}"] = max(diffs)

@@ -28,7 +28,7 @@ MEGATRON_DEFAULTS = {
     "hysteresis": 2, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08,
     "decoupled_weight_decay": True, "sgd_momentum": 0.9, "muon_momentum": 0.95, "muon_split_qkv": True,
     "muon_nesterov": False, "muon_scale_mode": "spectral", "muon_fp32_matmul_prec": "medium",
-    "muon_coefficient_type": "quintic", "muon_num_ns_steps": 5, "muon_tp_mode": "blockwise",
+    "muon_coefficient_type": "quintic", "muon_num_ns_steps": 5, "muon_tp_mode": "duplicated",
     "muon_extra_scale_factor": 1.0, "soap_shampoo_beta": 0.95, "soap_precondition_frequency": 1,
     "soap_use_kl_shampoo": True, "adaptive_muon_moment2_method": "adamuon", "adaptive_muon_beta2": 0.95,
     "adaptive_muon_eps": 1e-8, "muon_scalar_optimizer": "adam", "lion_beta1": 0.95, "lion_beta2": 0.98,
@@ -45,6 +45,8 @@ MEGATRON_DEFAULTS = {
 
 OPTZOO_EXTENSIONS = {
     "muon_flatten_conv": True, "muon_input_layers": True, "muon_fsdp_orthogonalize": "auto", "fold_clip_and_scale": True,
+    "muon_bucket_size": 1 << 30,  # issue 27: owner-computes' cap on a rank's bytes per bucket
+    "muon_ns_variant": None,  # issue 29: the Newton-Schulz kernel (None: OPTZOO_NS_VARIANT, else probe)
     "standard_overrides": True,  # issue 25: the standard overrides lie under an explicit dict
     "muon_scalar_lr": None,  # issue 25: the scalar optimizer's own lr
     # issue 26: LaProp's fields, named Megatron's way (<name>_<kwarg>); defaults are upstream's
@@ -65,15 +67,21 @@ OPTZOO_EXTENSIONS = {
     "oblique_sgd_momentum": 0.9, "oblique_sgd_dim": 0, "oblique_sgd_eps": 1e-8,
     "oblique_adam_beta1": 0.9, "oblique_adam_beta2": 0.99, "oblique_adam_dim": 0, "oblique_adam_eps": 1e-8,
     "oblique_adam_correct_bias": True,
+    "log_metrics": False,  # issue 28: per-group telemetry, opt-in
+    "log_metrics_interval": 1,  # issue 28: ... measured every step unless asked otherwise
 }  # fmt: skip
 """Fields Megatron-Core does not have (it has no conv layers), with their defaults."""
+DELIBERATE_DEFAULTS = {"muon_tp_mode": "auto"}
+"""Megatron fields whose optzoo default differs, on purpose: ``auto`` picks per weight among modes
+that all give Megatron's ``duplicated`` result (up to float rounding), with less work per rank
+(issue 27)."""
 
 
 def test_every_megatron_field_with_megatron_default() -> None:
     config = OptimizerConfig()
     names = [f.name for f in dataclasses.fields(config)]
     assert [name for name in names if name not in OPTZOO_EXTENSIONS] == list(MEGATRON_DEFAULTS)
-    assert {name: getattr(config, name) for name in MEGATRON_DEFAULTS} == MEGATRON_DEFAULTS
+    assert {name: getattr(config, name) for name in MEGATRON_DEFAULTS} == MEGATRON_DEFAULTS | DELIBERATE_DEFAULTS
     assert {name: getattr(config, name) for name in OPTZOO_EXTENSIONS} == OPTZOO_EXTENSIONS
     assert set(names) == set(MEGATRON_DEFAULTS) | set(OPTZOO_EXTENSIONS)
 
@@ -112,7 +120,7 @@ def test_choice_aliases_match_emerging_optimizers() -> None:
         ({"clip_grad": float("nan")}, r"`OptimizerConfig.clip_grad`: must be finite; got nan; expected a finite number$"),
         ({"muon_scale_mode": "rms"}, r"`OptimizerConfig.muon_scale_mode`: unknown value; got 'rms'; expected one of \['spectral', 'unit_rms_norm', 'shape_scaling', 'original', 'match_rms_adamw', 'spectral_unclamped'\]"),
         ({"muon_coefficient_type": "cubic"}, r"`OptimizerConfig.muon_coefficient_type`: Unsupported muon coefficient type 'cubic'\. Supported types: \('simple', 'quintic', .*; got 'cubic'; expected one of \['simple', 'quintic', 'polar_express'"),
-        ({"muon_tp_mode": "x"}, r"`OptimizerConfig.muon_tp_mode`: unknown value; got 'x'; expected one of \['blockwise', 'duplicated', 'distributed'\]"),
+        ({"muon_tp_mode": "x"}, r"`OptimizerConfig.muon_tp_mode`: unknown value; got 'x'; expected one of \['auto', 'duplicated', 'distributed', 'blockwise', 'layer_sharded'\]"),
         ({"muon_scalar_optimizer": "sgd"}, r"`OptimizerConfig.muon_scalar_optimizer`: unknown value; got 'sgd'; expected one of \['adam', 'lion', 'laprop', 'adafactor'\]"),
         ({"adaptive_muon_moment2_method": "x"}, r"`OptimizerConfig.adaptive_muon_moment2_method`: unknown value; got 'x'; expected one of \['adamuon', 'normuon', 'namo'\]"),
         ({"muon_fp32_matmul_prec": "low"}, r"`OptimizerConfig.muon_fp32_matmul_prec`: unknown value; got 'low'; expected one of \['highest', 'high', 'medium'\]"),

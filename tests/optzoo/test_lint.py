@@ -145,6 +145,46 @@ def test_a_rule_wholly_shadowed_by_earlier_ones() -> None:
     assert findings(ADAMW, nanogpt(), partly) == []  # its lr is its own
 
 
+MUON_FAMILY = "muon, adaptive_muon, polargrad, mop, scion, spel, muon_hyperball, sinkhorn_muon"
+
+
+def test_a_field_no_optimizer_of_the_routing_reads() -> None:
+    linear = nn.Linear(8, 8)
+    assert findings(ADAMW.replace(muon_momentum=0.5), linear) == [(
+        "unread-field", ("weight", "bias"),
+        "`muon_momentum`=0.5, set by the config, is read by no optimizer that steps the params it reaches; got adam on "
+        f"`weight`, `bias`, which ignore it; expected it removed, or `optimizer` set to one that reads it ({MUON_FAMILY})",
+    )]  # fmt: skip
+    # torch.optim.Muon has its own field for the Newton-Schulz steps: named as the likely meaning
+    torch_muon = OptimizerConfig(lr=1e-3, optimizer="torch_muon", muon_num_ns_steps=3)
+    [(kind, params, message)] = findings(torch_muon, nanogpt())
+    assert kind == "unread-field" and "transformer.h.0.mlp.c_fc.weight" in params and "transformer.ln_f.bias" in params
+    assert re.fullmatch(
+        r"`muon_num_ns_steps`=3, set by the config, is read by no optimizer that steps the params it reaches; got "
+        r"torch_muon, adam on `.*, which ignore it; expected it removed, or `optimizer` set to one that reads it "
+        rf"\({MUON_FAMILY}\); did you mean 'torch_muon_ns_steps'\?", message,
+    ), message
+    hyperball = MUON.replace(muon_hyperball_radius=2.0)  # only muon_hyperball reads it
+    assert [(kind, "got muon, adam on" in message) for kind, _, message in findings(hyperball, nanogpt())] == [("unread-field", True)]
+
+
+def test_a_rule_setting_a_field_its_params_optimizer_ignores() -> None:
+    rule = ParamKey(name="transformer.h.0.mlp.*.weight")
+    assert findings(MUON, nanogpt(), {**get_standard_config_overrides(MUON), rule: {"soap_shampoo_beta": 0.9}}) == [(
+        "unread-field", ("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight"),
+        "`soap_shampoo_beta`=0.9, set by rule #1 name='transformer.h.0.mlp.*.weight', is read by no optimizer that steps "
+        "the params it reaches; got muon on `transformer.h.0.mlp.c_fc.weight`, `transformer.h.0.mlp.c_proj.weight`, "
+        "which ignore it; expected it removed, or `optimizer` set to one that reads it (soap)",
+    )]  # fmt: skip
+
+
+def test_fields_some_optimizer_of_the_routing_reads_are_not_findings() -> None:
+    # Muon's scalar optimizer is Adam: its betas are read on the biases, norms and tables
+    assert findings(MUON.replace(adam_beta2=0.95, muon_momentum=0.9), nanogpt()) == []
+    on_soap = {**get_standard_config_overrides(MUON), ParamKey(name="transformer.h.0.mlp.*.weight"): {"optimizer": "soap", "soap_shampoo_beta": 0.9}}
+    assert findings(MUON, nanogpt(), on_soap) == []
+
+
 def test_get_optimizer_warns_once_per_finding_and_lint_false_is_quiet() -> None:
     overrides = {ParamKey(name="lm_head.weight"): {"lr": 1e-4}}  # no standard overrides: decayed norms too
     alone = ADAMW.replace(standard_overrides=False)
@@ -211,6 +251,7 @@ FIXABLE = [
     ("a tied tensor excluded under one name", ADAMW, _tied_gpt2,
      lambda: {ParamKey(role="embedding", exclude=ParamKey(name="lm_head.weight")): {"lr": 1e-4}}),
     ("a shadowed rule", ADAMW, _Blocks, lambda: {**get_standard_config_overrides(ADAMW), ParamKey(name="*.bias"): {"wd_mult": 0.0}}),
+    ("a field the rule's params ignore", MUON, _Blocks, lambda: {ParamKey(name="proj.weight"): {"lion_beta1": 0.8}}),
 ]  # fmt: skip
 
 
