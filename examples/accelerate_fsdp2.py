@@ -71,14 +71,18 @@ def main(argv: list[str] | None = None) -> int:
         if accelerator.is_main_process:
             shown = "skipped (inf/NaN gradient)" if not success else f"grad_norm {grad_norm:.4f}"
             print(f"step {step}: loss {total.item():.4f} {shown}", flush=True)
-    # torch 2.14 + gloo: FSDP2 keeps the process group's worker threads past destroy_process_group, and a
-    # worker still freeing the last all-reduce (its tensor has a Python object) at interpreter exit aborts
-    # the process ("terminate called without an active exception", pytorch#190489). The barrier has no
-    # tensors and waits with the interpreter lock released, so the worker frees that all-reduce first.
-    accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # torch 2.14 + gloo: the process group outlives destroy_process_group here (DTensor's sharding
+    # caches keep the FSDP2 mesh, and so the group, alive), so its worker threads are still running
+    # at interpreter exit. One of them dropping the last reference to a tensor from a finished
+    # collective then needs the interpreter lock during finalization, and the process aborts
+    # ("terminate called without an active exception"). Training and end_training are done; leave
+    # without finalizing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
