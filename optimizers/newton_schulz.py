@@ -831,7 +831,17 @@ def _gram_allowed(variant: Variant, dtype: torch.dtype, precision: MatmulPrecisi
     return allowed
 
 
-PrecisionFlags = tuple[str, str | None, str | None]
+PrecisionFlags = tuple[str | None, str | None, str | None]
+
+
+def _legacy_precision() -> str | None:
+    """``torch.get_float32_matmul_precision()``, or ``None`` where torch raises: after a mix of its
+    legacy and per-backend APIs (``set_float32_matmul_precision("medium")``, then
+    ``torch.backends.cuda.matmul.allow_tf32 = False``), the two backends' flags disagree."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
 
 
 def _precision_flags() -> PrecisionFlags:
@@ -843,13 +853,27 @@ def _precision_flags() -> PrecisionFlags:
         except (AttributeError, RuntimeError):  # torch before the per-backend API
             return None
 
-    return torch.get_float32_matmul_precision(), flag(torch.backends.cuda.matmul), flag(getattr(torch.backends.mkldnn, "matmul", None))
+    return _legacy_precision(), flag(torch.backends.cuda.matmul), flag(getattr(torch.backends.mkldnn, "matmul", None))
 
 
 def _restore_precision_flags(saved: PrecisionFlags) -> None:
-    legacy, cuda_matmul, mkldnn_matmul = saved
-    if torch.get_float32_matmul_precision() != legacy:
-        torch.set_float32_matmul_precision(legacy)
+    legacy = saved[0]
+    if legacy is not None:
+        if _legacy_precision() != legacy:
+            torch.set_float32_matmul_precision(legacy)
+        _restore_backend_flags(saved)
+        return
+    # A mixed state: torch's legacy value disagrees with a backend flag, and cannot be read. Put back
+    # a legacy value with which the saved flags disagree again (the flags' setters leave it alone).
+    for candidate in ("highest", "high", "medium"):
+        torch.set_float32_matmul_precision(candidate)
+        _restore_backend_flags(saved)
+        if _legacy_precision() is None:
+            return
+
+
+def _restore_backend_flags(saved: PrecisionFlags) -> None:
+    _, cuda_matmul, mkldnn_matmul = saved
     # Setting the legacy value also writes the per-backend flags (an unset "none" comes back as
     # "ieee"), so those are put back one by one.
     now = _precision_flags()
@@ -865,10 +889,14 @@ def preserved_matmul_precision() -> Iterator[None]:
 
     Upstream's optimizers restore ``torch.set_float32_matmul_precision(previous)``, which turns
     unset per-backend flags (``torch.backends.cuda.matmul.fp32_precision == "none"``) into set ones;
-    a step must leave global settings as it found them.
+    a step must leave global settings as it found them. Where the legacy and per-backend APIs were
+    mixed (torch's ``get_float32_matmul_precision`` raises, and upstream's steps read it), the block
+    runs at ``highest`` and the mixed flags come back afterwards.
     """
     saved = _precision_flags()
     try:
+        if saved[0] is None:
+            torch.set_float32_matmul_precision("highest")
         yield
     finally:
         _restore_precision_flags(saved)
@@ -881,7 +909,7 @@ def _float32_matmul_precision(precision: MatmulPrecision) -> Iterator[None]:
 
     The setting is process-wide, so concurrent threads see it too (upstream shares this).
     """
-    if torch.get_float32_matmul_precision() == precision:
+    if _legacy_precision() == precision:
         yield
         return
     with preserved_matmul_precision():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import pickle
 import re
 from collections.abc import Callable
@@ -479,13 +480,20 @@ def test_torch_error_inputs_for_all_optimizers(row: OptzooOptimizerInfo, error: 
 # ---- global state ---------------------------------------------------------------------------------
 
 
+def _legacy_matmul_precision() -> str:
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError as error:  # the legacy and per-backend APIs were mixed
+        return f"raises: {error}"[:60]
+
+
 def _global_state() -> dict[str, Any]:
     backends = torch.backends
     return {
         "rng": torch.get_rng_state().tolist(),
         "default dtype": torch.get_default_dtype(),
         "grad mode": torch.is_grad_enabled(),
-        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "float32 matmul precision": _legacy_matmul_precision(),
         "cuda matmul fp32_precision": backends.cuda.matmul.fp32_precision,
         "mkldnn matmul fp32_precision": backends.mkldnn.matmul.fp32_precision,
         "fp32_precision": backends.fp32_precision,
@@ -519,6 +527,33 @@ def test_global_torch_state_is_left_as_found(row: OptzooOptimizerInfo, inp: Opti
     opt = build(row, params, inp)
     train(opt, params, targets, 2)
     copy.deepcopy(opt).state_dict()
+    assert _global_state() == before
+
+
+@pytest.fixture
+def mixed_matmul_settings() -> Any:
+    """The legacy API then a per-backend flag, as a user turning TF32 off after ``medium`` does:
+    the backends' flags disagree and torch's ``get_float32_matmul_precision`` raises."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(saved)
+    torch.backends.cuda.matmul.fp32_precision = "none"
+    torch.backends.mkldnn.matmul.fp32_precision = "none"
+
+
+@pytest.mark.usefixtures("mixed_matmul_settings")
+@pytest.mark.parametrize(("row", "inp"), DEFAULTS, ids=DEFAULT_IDS)
+def test_mixed_matmul_settings_step_and_are_left_as_found(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    params = params_for(row, inp)
+    targets = targets_for(params)
+    before = _global_state()
+    opt = build(row, params, inp)
+    losses = train(opt, params, targets, 2)
+    assert all(math.isfinite(loss) for loss in losses)
     assert _global_state() == before
 
 
