@@ -43,6 +43,7 @@ import copy
 import importlib.metadata
 import math
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
@@ -56,6 +57,7 @@ from torch.optim import _muon as torch_muon_module
 from benchmarks._timing import round_robin, round_robin_medians
 from optzoo import OptimizerConfig, get_optimizer
 from optzoo.optimizers import _emerging
+from optzoo.optimizers import newton_schulz_probe as probe
 from optzoo.optimizers.adaptive_muon import AdaptiveMuon
 from optzoo.optimizers.muon import Muon
 
@@ -426,11 +428,82 @@ TORCH_NOTES = (
 )
 
 
+# ---- every kernel the probe may pick ------------------------------------------------------------
+
+SLOW_FIRST_RUN = 3.0
+"""A kernel whose first run takes this many times the fastest first run is not repeated: it
+cannot win, and on a CPU without bf16 units a bf16 run takes seconds."""
+
+
+def shape_classes(sizes: Sizes) -> list[tuple[str, tuple[int, int, int]]]:
+    """``(model, (batch, rows, cols))`` per batch Muon steps: same-shape matrices of a model batched, a stack whole."""
+    classes: list[tuple[str, tuple[int, int, int]]] = []
+    for model_name in MODELS:
+        counts: dict[tuple[int, int], int] = {}
+        for param in MODELS[model_name](sizes).parameters():
+            if param.ndim == 3:
+                classes.append((model_name, (param.shape[0], param.shape[1], param.shape[2])))
+            elif param.ndim == 2 and min(param.shape) > sizes.experts:  # the router goes to AdamW
+                counts[(param.shape[0], param.shape[1])] = counts.get((param.shape[0], param.shape[1]), 0) + 1
+        classes.extend((model_name, (count, rows, cols)) for (rows, cols), count in counts.items())
+    return list(dict.fromkeys(classes))
+
+
+def kernel_comparison(sizes: Sizes, *, device: str = "cpu", repeats: int = 5, matmul_precision: str = "medium") -> list[list[object]]:
+    """Per shape class: every allowed kernel's median time on the whole batch, and what the probe chose.
+
+    The kernels take turns in each repeat (each first run timed apart, as the probe's warm-up is);
+    the probe then runs on the same batch from an empty cache, unpinned.
+    """
+    rows: list[list[object]] = []
+    dev = torch.device(device)
+    settings = {"steps": 5, "coefficient_type": "quintic", "matmul_precision": matmul_precision}
+    for model_name, (batch, rows_, cols) in shape_classes(sizes):
+        x = torch.randn(batch, rows_, cols, generator=torch.Generator(dev).manual_seed(0), device=dev)
+        kernels = probe.allowed_kernels(matmul_precision, x.dtype, dev, batch, min(rows_, cols))  # type: ignore[arg-type]
+
+        def step(kernel: probe.Kernel, x: torch.Tensor = x) -> Callable[[], object]:
+            return _synced(lambda: probe.run_kernel(x, kernel, **settings), dev)  # type: ignore[arg-type]
+
+        first = {}
+        for kernel in kernels:
+            run = step(kernel)
+            start = time.perf_counter()
+            run()
+            first[str(kernel)] = time.perf_counter() - start
+        quickest = min(first.values())
+        repeated = {str(k): step(k) for k in kernels if first[str(k)] <= SLOW_FIRST_RUN * quickest}
+        medians = round_robin_medians(repeated, repeats) if repeats > 1 else {}
+        seconds = {name: medians.get(name, first[name]) for name in first}
+        with mock.patch.dict("os.environ", {probe.VARIANT_ENV: "probe"}):
+            probe.clear_probe_cache()
+            start = time.perf_counter()
+            chosen = str(probe.choose_kernel(x, **settings))  # type: ignore[arg-type]
+            probe_ms = (time.perf_counter() - start) * 1e3
+        best = min(seconds.values())
+        for name, value in seconds.items():
+            rows.append([
+                model_name, f"{batch} x {rows_} x {cols}", name, value * 1e3, value / best,
+                "" if name in repeated else "one run", "chosen" if name == chosen else "", probe_ms if name == chosen else "",
+            ])  # fmt: skip
+    probe.clear_probe_cache()
+    return rows
+
+
+KERNEL_HEADERS = ["model", "batch", "kernel", "median ms", "x fastest", "timed", "probe", "probe ms"]
+
+
 @pytest.mark.parametrize("batched", [True, False])
 def test_muon_step_bench(benchmark: pytest.FixtureRequest, batched: bool) -> None:
     params = gpt_matrices(32, 128, 2, torch.device("cpu"))
     opt = Muon(params, **SETTINGS, batched=batched)  # type: ignore[arg-type]
     benchmark(opt.step)  # type: ignore[operator]
+
+
+def test_kernel_comparison_runs() -> None:
+    rows = kernel_comparison(QUICK, repeats=1)
+    chosen = [row for row in rows if row[6] == "chosen"]
+    assert [row[:2] for row in chosen] == [[model, f"{b} x {r} x {c}"] for model, (b, r, c) in shape_classes(QUICK)]
 
 
 def test_compare_runs() -> None:
@@ -464,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="auto", help="auto (cpu, plus cuda where there is a GPU), cpu, cuda, or a comma list")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before measuring (default: torch's)")
-    parser.add_argument("--table", default="all", choices=["torch", "upstream", "all"], help="which tables to print")
+    parser.add_argument("--table", default="all", choices=["torch", "kernels", "upstream", "all"], help="which tables to print")
     parser.add_argument("--quick", action="store_true", help="toy sizes and one repeat: checks the pipeline, numbers meaningless")
     args = parser.parse_args(argv)
     devices = _devices(args.device, parser)
@@ -486,6 +559,13 @@ def main(argv: list[str] | None = None) -> None:
         measured = torch_comparison(sizes, devices=devices, repeats=repeats)
         print(torch_table(measured))
         print(TORCH_NOTES)
+    if args.table in ("kernels", "all"):
+        for device in devices:
+            print(
+                f"\nEvery Newton-Schulz kernel muon_fp32_matmul_prec='medium' allows, on {device}, per batch Muon steps "
+                f"(the two models above); median of {repeats} round-robin repeats; the probe run after, from an empty cache"
+            )
+            print(tabulate(kernel_comparison(sizes, device=device, repeats=repeats), headers=KERNEL_HEADERS, floatfmt=".3g", tablefmt="github"))
     if args.table in ("upstream", "all"):
         hidden, ffn = (16, 64) if args.quick else (args.hidden, args.ffn)
         for device in devices:

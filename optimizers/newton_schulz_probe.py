@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from .._common import check_choice
-from .newton_schulz import LOOP_PRECISIONS, CoefficientType, LoopPrecision, MatmulPrecision, newton_schulz
+from .newton_schulz import LOOP_PRECISIONS, CoefficientType, LoopPrecision, MatmulPrecision, _float32_matmul_precision, newton_schulz
 
 __all__ = [
     "CACHE_ENV",
@@ -51,6 +51,8 @@ __all__ = [
     "PROBE_BUDGET_S",
     "PROBE_MAX_REPEATS",
     "PROBE_SAMPLE_MATRICES",
+    "SCREEN_BLOCK",
+    "SCREEN_ROUNDS",
     "SYMMETRIC_BLOCKS_PROBE_ROWS",
     "ProbeKey",
     "ProbeRecord",
@@ -64,6 +66,7 @@ __all__ = [
     "probe_key",
     "probe_report",
     "run_kernel",
+    "screen_loops",
 ]
 
 VARIANT_ENV: Final = "OPTZOO_NS_VARIANT"
@@ -78,6 +81,8 @@ PROBE_MAX_REPEATS: Final = 3
 """Timed runs per kernel at most; the fastest counts (noise only ever adds time)."""
 PROBE_SAMPLE_MATRICES: Final = 2
 """Matrices of the batch the kernels are timed on: enough to compare stacked and per-matrix runs."""
+SCREEN_BLOCK: Final = (256, 1024)
+"""At most this block (short side x long side) of one matrix is what :func:`screen_loops` multiplies."""
 
 KernelSetting = str
 """``probe`` (measure), ``auto`` (the FLOPs and device-type rule) or a kernel such as ``gram/ieee``."""
@@ -221,6 +226,12 @@ class ProbeRecord:
     probe_seconds: float = 0.0
     """Wall time the probe spent on this key (0 unless measured in this process)."""
     sample_matrices: int = 0
+    screen: dict[str, float] = field(default_factory=dict)
+    """Each loop precision's time for one ``X Xᵀ`` on a block of the sample (:func:`screen_loops`),
+    where the ceiling allows more than one; empty otherwise."""
+    screened_out: list[str] = field(default_factory=list)
+    """The kernels not timed: their loop's product was slower than IEEE's, so the IEEE kernel of the
+    same form beats them (a bf16 loop on a CPU without bf16 matmul units costs many times fp32's)."""
 
 
 _records: dict[ProbeKey, ProbeRecord] = {}
@@ -294,21 +305,42 @@ def _rule_under_process_group(key: ProbeKey) -> ProbeRecord | None:
 def measure(
     x: torch.Tensor, *, key: ProbeKey, steps: int, coefficient_type: CoefficientType, matmul_precision: MatmulPrecision
 ) -> ProbeRecord:
-    """Time every allowed kernel on a sample of ``x`` and choose the fastest (ties: the more accurate).
+    """Time the allowed kernels on a sample of ``x`` and choose the fastest (ties: the more accurate).
 
-    Every kernel runs at least once; more runs (up to :data:`PROBE_MAX_REPEATS`) while its share of
-    :data:`PROBE_BUDGET_S` lasts. The outputs are dropped. Global settings are left as found (each
-    run is :func:`~optzoo.optimizers.newton_schulz.newton_schulz`, which restores torch's precision flags).
+    First a screen (:func:`screen_loops`) drops the loop precisions whose product is slower than
+    IEEE's. Then the search goes in stages, each from the fastest kernel so far: the dense forms
+    of each variant and loop, stacked; that winner with symmetric blocks (where allowed); then the
+    winner per matrix (a batch). Every timed kernel runs at least once; more runs (up to
+    :data:`PROBE_MAX_REPEATS`) while its share of :data:`PROBE_BUDGET_S` lasts. The outputs are
+    dropped. Global settings are left as found (each run is
+    :func:`~optzoo.optimizers.newton_schulz.newton_schulz`, which restores torch's precision flags).
     """
     matrices = x.reshape(-1, *x.shape[-2:])
     sample = matrices[:PROBE_SAMPLE_MATRICES]
-    kernels = allowed_kernels(matmul_precision, x.dtype, x.device, len(sample), min(x.shape[-2:]))
-    share = PROBE_BUDGET_S / len(kernels)
+    allowed = allowed_kernels(matmul_precision, x.dtype, x.device, len(sample), min(x.shape[-2:]))
     record = ProbeRecord(key, "", "measured", sample_matrices=len(sample))
     start = _timer()
-    for kernel in kernels:
+    loops = list(dict.fromkeys(kernel.loop for kernel in allowed))
+    if len(loops) > 1:
+        # A kernel's first run is never cut short, so a loop far slower than fp32 (bf16 emulated on
+        # a CPU without bf16 units: seconds per run) is screened out by one cheap product first.
+        record.screen = screen_loops(sample[0], loops)
+        record.screened_out = [str(kernel) for kernel in allowed if record.screen[kernel.loop] > record.screen["ieee"]]
+        allowed = [kernel for kernel in allowed if str(kernel) not in record.screened_out]
+    order = {kernel: index for index, kernel in enumerate(allowed)}
+    forms = [kernel for kernel in allowed if kernel.stacked and not kernel.blocks]
+    refinements: list[Callable[[Kernel], Kernel]] = []
+    if any(kernel.blocks for kernel in allowed):
+        refinements.append(lambda kernel: kernel._replace(blocks=True))
+    if any(not kernel.stacked for kernel in allowed):
+        refinements.append(lambda kernel: kernel._replace(stacked=False))
+    share = PROBE_BUDGET_S / (len(forms) + len(refinements))
 
-        def run_once(kernel: Kernel = kernel) -> float:
+    def fastest_so_far() -> Kernel:
+        return min((Kernel.parse(name) for name in record.seconds), key=lambda kernel: (record.seconds[str(kernel)], order[kernel]))
+
+    def time_kernel(kernel: Kernel) -> None:
+        def run_once() -> float:
             before = _timer()
             run_kernel(sample, kernel, steps=steps, coefficient_type=coefficient_type, matmul_precision=matmul_precision)
             _synchronize(x.device)
@@ -320,9 +352,50 @@ def measure(
             elapsed = run_once()
             spent, runs, fastest = spent + elapsed, runs + 1, min(fastest, elapsed)
         record.seconds[str(kernel)], record.runs[str(kernel)] = fastest, runs
+
+    for kernel in forms:
+        time_kernel(kernel)
+    for refine in refinements:
+        candidate = refine(fastest_so_far())
+        if candidate in order and str(candidate) not in record.seconds:
+            time_kernel(candidate)
     record.probe_seconds = _timer() - start
-    record.kernel = min(record.seconds, key=record.seconds.__getitem__)  # the first of equals: kernels run most accurate first
+    record.kernel = str(fastest_so_far())
     return record
+
+
+SCREEN_ROUNDS: Final = 3
+"""Timed products per loop precision in the screen, taken in turn; the fastest counts."""
+
+
+def screen_loops(matrix: torch.Tensor, loops: list[LoopPrecision]) -> dict[str, float]:
+    """Seconds of one ``X Xᵀ`` at each loop precision, ``X`` at most :data:`SCREEN_BLOCK` of ``matrix``.
+
+    Every kernel of a loop runs products of this kind, so a loop whose product is slower than the
+    IEEE one loses to the IEEE kernel of the same form. Each product runs once untimed, then
+    :data:`SCREEN_ROUNDS` times in turn with the others; the fastest run counts.
+    """
+    block = matrix.mT if matrix.size(-2) > matrix.size(-1) else matrix
+    block = block[: SCREEN_BLOCK[0], : SCREEN_BLOCK[1]]
+    ieee = block.to(torch.float64 if block.dtype == torch.float64 else torch.float32)
+    operands = {loop: ieee.to(torch.bfloat16) if loop == "bf16" else ieee for loop in loops}
+
+    def product_seconds(loop: LoopPrecision) -> float:
+        operand = operands[loop]
+        with _float32_matmul_precision("high" if loop == "tf32" else "highest"):
+            _synchronize(matrix.device)
+            before = _timer()
+            operand @ operand.mT
+            _synchronize(matrix.device)
+            return _timer() - before
+
+    for loop in loops:  # warm-up
+        product_seconds(loop)
+    seconds = dict.fromkeys(loops, float("inf"))
+    for _ in range(SCREEN_ROUNDS):
+        for loop in loops:
+            seconds[loop] = min(seconds[loop], product_seconds(loop))
+    return {str(loop): value for loop, value in seconds.items()}
 
 
 def _synchronize(device: torch.device) -> None:

@@ -81,18 +81,58 @@ def test_from_512_rows_symmetric_blocks_are_timed_against_dense_products() -> No
 
 
 def test_probe_picks_the_fastest_and_reports_every_time(clock: FakeClock) -> None:
-    clock.seconds = dict(zip(MEDIUM_CPU_BATCHED, [n / 1024 for n in (4, 3, 2, 5, 1, 6)], strict=True))  # dyadic: exact sums
+    # dyadic times: exact sums. Stage 1 times the stacked forms (gram/ieee wins), then the winner per matrix.
+    clock.seconds = dict(zip(MEDIUM_CPU_BATCHED, [n / 1024 for n in (4, 2, 3, 5, 1, 6)], strict=True))
     x = torch.randn(5, 16, 40)
     kernel = choose_kernel(x, matmul_precision="medium", **SETTINGS)
     assert str(kernel) == "gram/ieee/per-matrix"
     [record] = probe_report()
     assert record.source == "measured" and record.kernel == "gram/ieee/per-matrix"
-    assert record.seconds == clock.seconds  # each kernel's own time, from the injected clock
+    timed = ["standard/ieee", "gram/ieee", "standard/bf16", "gram/ieee/per-matrix"]
+    assert record.seconds == {name: clock.seconds[name] for name in timed}  # each kernel's own time, from the injected clock
     assert record.key.short == 16 and record.key.long == 40 and record.key.batch_class == 8
     assert record.sample_matrices == probe.PROBE_SAMPLE_MATRICES
     # Each kernel: one warm-up, then repeats while its share of the budget lasts (at most 3).
-    assert record.runs == dict.fromkeys(MEDIUM_CPU_BATCHED, 1 + probe.PROBE_MAX_REPEATS)
-    assert record.probe_seconds == sum(clock.seconds.values()) * (1 + probe.PROBE_MAX_REPEATS)
+    assert record.runs == dict.fromkeys(timed, 1 + probe.PROBE_MAX_REPEATS)
+    assert record.probe_seconds == sum(record.seconds.values()) * (1 + probe.PROBE_MAX_REPEATS)
+
+
+def test_the_search_refines_the_fastest_form_with_blocks_then_per_matrix(clock: FakeClock) -> None:
+    names = [str(k) for k in allowed_kernels("highest", torch.float32, torch.device("cpu"), 2, short_side=512)]
+    # standard/ieee/dense wins the forms; its blocks form is faster still; per matrix is slower
+    clock.seconds = dict.fromkeys(names, 1.0) | {
+        "standard/ieee/dense": 0.5, "gram/ieee/dense": 0.75, "standard/ieee/blocks": 0.25, "standard/ieee/blocks/per-matrix": 0.375,
+    }  # fmt: skip
+    assert str(choose_kernel(torch.randn(2, 512, 520), matmul_precision="highest", **SETTINGS)) == "standard/ieee/blocks"
+    assert clock.runs == ["standard/ieee/dense", "gram/ieee/dense", "standard/ieee/blocks", "standard/ieee/blocks/per-matrix"]
+    [record] = probe_report()
+    assert record.runs == dict.fromkeys(clock.runs, 1)  # each run alone outlasts its share (0.2 s / 4)
+
+
+def test_a_loop_slower_than_ieee_in_the_screen_is_never_run(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU without bf16 units emulates bf16 matmuls: one product of the screen says so, and no
+    # bf16 kernel's first run (seconds on such a machine) is paid.
+    monkeypatch.setattr(probe, "screen_loops", lambda matrix, loops: {"ieee": 0.001, "bf16": 0.012})
+    clock.seconds = {"standard/ieee": 0.002, "gram/ieee": 0.003, "standard/bf16": 0.0001}
+    assert str(choose_kernel(torch.randn(16, 40), matmul_precision="medium", **SETTINGS)) == "standard/ieee"
+    assert set(clock.runs) == {"standard/ieee", "gram/ieee"}
+    [record] = probe_report()
+    assert record.screen == {"ieee": 0.001, "bf16": 0.012} and record.screened_out == ["standard/bf16"]
+
+
+def test_the_screen_times_one_product_per_loop_on_a_bounded_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+    real_matmul = torch.Tensor.__matmul__
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        shapes.append((tuple(a.shape) + tuple(b.shape), a.dtype))
+        return real_matmul(a, b)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    seconds = probe.screen_loops(torch.randn(3000, 300), ["ieee", "bf16"])
+    assert set(seconds) == {"ieee", "bf16"} and all(0 < value < 1 for value in seconds.values())
+    block = (256, 1024, 1024, 256)  # the short side first, at most SCREEN_BLOCK
+    assert shapes == [(block, torch.float32), (block, torch.bfloat16)] * (1 + probe.SCREEN_ROUNDS)
 
 
 def test_a_kernel_slower_than_its_share_runs_once_and_ties_go_to_the_more_accurate(clock: FakeClock) -> None:
