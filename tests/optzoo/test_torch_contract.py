@@ -9,12 +9,13 @@ copy of each param (layouts) or from a float lr (tensor lr). The deliberate diff
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import math
 import pickle
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -505,56 +506,51 @@ def _global_state() -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def fresh_matmul_settings() -> Any:
-    """torch's settings as a new process has them (the per-backend flags unset)."""
+@contextlib.contextmanager
+def matmul_settings(legacy: str, *, tf32_off_after: bool = False) -> Iterator[None]:
+    """torch's settings as a new process has them (``legacy`` set, the per-backend flags unset); or,
+    with ``tf32_off_after``, the legacy API then a per-backend flag, as a user turning TF32 off after
+    ``medium`` does: the backends' flags disagree and ``get_float32_matmul_precision`` raises."""
     saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.fp32_precision = "none"
-    torch.backends.mkldnn.matmul.fp32_precision = "none"
-    yield
-    torch.set_float32_matmul_precision(saved)
-    torch.backends.cuda.matmul.fp32_precision = "none"
-    torch.backends.mkldnn.matmul.fp32_precision = "none"
+    torch.set_float32_matmul_precision(legacy)
+    if tf32_off_after:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            torch.get_float32_matmul_precision()
+    else:
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.mkldnn.matmul.fp32_precision = "none"
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.mkldnn.matmul.fp32_precision = "none"
 
 
-@pytest.mark.usefixtures("fresh_matmul_settings")
-@pytest.mark.parametrize(("row", "inp"), CASES, ids=CASE_IDS)
-def test_global_torch_state_is_left_as_found(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
-    params = params_for(row, inp)
-    targets = targets_for(params)
-    before = _global_state()
-    opt = build(row, params, inp)
-    train(opt, params, targets, 2)
-    copy.deepcopy(opt).state_dict()
-    assert _global_state() == before
-
-
-@pytest.fixture
-def mixed_matmul_settings() -> Any:
-    """The legacy API then a per-backend flag, as a user turning TF32 off after ``medium`` does:
-    the backends' flags disagree and torch's ``get_float32_matmul_precision`` raises."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("medium")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
-        torch.get_float32_matmul_precision()
-    yield
-    torch.set_float32_matmul_precision(saved)
-    torch.backends.cuda.matmul.fp32_precision = "none"
-    torch.backends.mkldnn.matmul.fp32_precision = "none"
-
-
-@pytest.mark.usefixtures("mixed_matmul_settings")
-@pytest.mark.parametrize(("row", "inp"), DEFAULTS, ids=DEFAULT_IDS)
-def test_mixed_matmul_settings_step_and_are_left_as_found(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+def _steps_leave_global_state_as_found(row: OptzooOptimizerInfo, inp: OptimizerInput) -> list[float]:
+    """Two training steps and a state-dict copy; the global state compared before and after; the losses."""
     params = params_for(row, inp)
     targets = targets_for(params)
     before = _global_state()
     opt = build(row, params, inp)
     losses = train(opt, params, targets, 2)
-    assert all(math.isfinite(loss) for loss in losses)
+    copy.deepcopy(opt).state_dict()
     assert _global_state() == before
+    return losses
+
+
+@pytest.mark.parametrize(("row", "inp"), CASES, ids=CASE_IDS)
+def test_global_torch_state_is_left_as_found(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    with matmul_settings("highest"):
+        _steps_leave_global_state_as_found(row, inp)
+
+
+@pytest.mark.parametrize(("row", "inp"), DEFAULTS, ids=DEFAULT_IDS)
+def test_mixed_matmul_settings_step_and_are_left_as_found(row: OptzooOptimizerInfo, inp: OptimizerInput) -> None:
+    with matmul_settings("medium", tf32_off_after=True):
+        losses = _steps_leave_global_state_as_found(row, inp)
+    assert all(math.isfinite(loss) for loss in losses)
 
 
 # ---- documented differences -----------------------------------------------------------------------
