@@ -83,6 +83,8 @@ PROBE_SAMPLE_MATRICES: Final = 2
 """Matrices of the batch the kernels are timed on: enough to compare stacked and per-matrix runs."""
 SCREEN_BLOCK: Final = (256, 1024)
 """At most this block (short side x long side) of one matrix is what :func:`screen_loops` multiplies."""
+SCREEN_ROUNDS: Final = 3
+"""Timed products per loop precision in the screen, taken in turn; the fastest counts."""
 
 KernelSetting = str
 """``probe`` (measure), ``auto`` (the FLOPs and device-type rule) or a kernel such as ``gram/ieee``."""
@@ -362,10 +364,6 @@ def measure(
     record.probe_seconds = _timer() - start
     record.kernel = str(fastest_so_far())
     return record
-
-
-SCREEN_ROUNDS: Final = 3
-"""Timed products per loop precision in the screen, taken in turn; the fastest counts."""
 
 
 def screen_loops(matrix: torch.Tensor, loops: list[LoopPrecision]) -> dict[str, float]:
